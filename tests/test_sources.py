@@ -189,3 +189,34 @@ def test_hub_dataset_without_network_is_a_clear_error():
         load_data(cfg_of(dataset="hf", hf_dataset="uoft-cs/cifar10"))
     with pytest.raises(ConfigError, match="needs run-config key 'hf-dataset'"):
         load_data(cfg_of(dataset="hf"))
+
+
+# -- synthetic images (speed benchmarks) --------------------------------------------------------
+def test_synthetic_images_are_seeded_balanced_and_sized():
+    a = sources.synthetic(40, 10, size=8, channels=3)
+    b = sources.synthetic(40, 10, size=8, channels=3)
+    assert torch.equal(a.inputs, b.inputs) and np.array_equal(a.labels, b.labels)
+    assert a.inputs.shape == (50, 3, 8, 8)
+    assert np.bincount(a.labels).tolist() == [5] * 10  # a permutation of 0..49, mod 10
+    assert a.split[0].tolist() == list(range(40)) and a.split[1].tolist() == list(range(40, 50))
+    # same class = same pattern: images of one class are closer to each other than to others
+    x = a.inputs.flatten(1)
+    same = [(x[i] - x[j]).norm() for i in range(50) for j in range(i) if a.labels[i] == a.labels[j]]
+    other = [(x[i] - x[j]).norm() for i in range(50) for j in range(i) if a.labels[i] != a.labels[j]]
+    assert np.mean(same) < np.mean(other)
+    splits = load_data(cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10))
+    assert len(splits.train) == 40 and len(splits.test) == 10
+
+
+def test_client_examples_are_cut_once_per_process():
+    from fedtune_app.data import client_examples
+
+    cfg = cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10,
+                 partitioner="iid")
+    splits = load_data(cfg)
+    first = client_examples(cfg, splits, 1, 4)
+    again = client_examples(cfg, splits, 1, 4)
+    assert again is first and len(first) == 10  # 40 examples, 4 IID partitions
+    other = client_examples(cfg, splits, 2, 4)
+    assert not set(map(tuple, first.inputs.flatten(1)[:, :4].tolist())) & \
+        set(map(tuple, other.inputs.flatten(1)[:, :4].tolist()))  # disjoint partitions
