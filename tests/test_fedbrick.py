@@ -117,6 +117,31 @@ def test_stage_two_mixes_retained_blocks_with_their_bricks(setup):
     assert torch.allclose(pairs[1][0], bricks["3"](a2), atol=1e-6)
 
 
+def test_bricks_on_the_text_encoder(tiny_bert_dir):
+    """BERT blocks take (batch, tokens, d) with the attention-mask context: at alpha = 1 with
+    every block held, stage II's forward is the plain model; a missing block runs its BRICK."""
+    from fedtune_app.backbones import ModelSpec
+
+    cfg = resolve_config({"preset": "smoke", "method": "fedbrick", "fedbrick-rank": 2})
+    model = FedBRICKRecipe(cfg).extend(attach_adapters(
+        build_backbone(ModelSpec(tiny_bert_dir, "random", "", 5, 3)), AdapterSpec()))
+    model.eval()
+    assert sum(p.numel() for p in model.bricks["all"]["0"].parameters()) == 4 * 2 * 16
+    ids = torch.randint(1, 100, (3, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    bricks = model.bricks["all"]
+    with torch.no_grad():
+        logits, pairs = forward_with_bricks(model, (0, 1, 2), bricks, inputs, alpha=1.0)
+        assert torch.allclose(logits, model(inputs), atol=1e-6) and len(pairs) == 3
+        x, ctx = model.embed(inputs)
+        x = model.run_block(model.blocks[2], bricks["1"](model.run_block(model.blocks[0], x, ctx)),
+                            ctx)
+        assert torch.allclose(forward_with_bricks(model, (0, 2), bricks, inputs)[0],
+                              model.classify(x, ctx), atol=1e-6)
+
+
 def test_annealing_schedule():
     assert [anneal(e, 4) for e in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
 
