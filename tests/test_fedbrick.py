@@ -292,10 +292,10 @@ def test_proxy_split_is_per_domain_deterministic_and_excluded_from_client_data()
 # -- end to end ---------------------------------------------------------------------------------
 
 def test_two_rounds_over_two_domains(tmp_path):
-    folder = Path(run_inprocess({**TWO_DOMAINS, "method": "fedbrick", "num-server-rounds": 2,
-                                 "train-subset": 200, "test-subset": 40, "batch-size": 16,
-                                 "fedbrick-server-epochs": 2,
-                                 "results-dir": str(tmp_path)}))
+    rc = {**TWO_DOMAINS, "method": "fedbrick", "num-server-rounds": 2, "train-subset": 200,
+          "test-subset": 40, "batch-size": 16, "fedbrick-server-epochs": 2,
+          "results-dir": str(tmp_path)}
+    folder = Path(run_inprocess(rc))
     metrics = json.loads((folder / "metrics.json").read_text())
     clients = json.loads((folder / "config.json").read_text())["clients"]
     assert [c["group"] for c in clients] == ["original", "inverted"]
@@ -317,3 +317,5 @@ def test_two_rounds_over_two_domains(tmp_path):
                for c in ("original", "inverted") for l in range(6))  # trained from B = 0
     allocation = json.loads((folder / "allocation.json").read_text())
     assert [sum(row) for row in allocation[0]["matrix"]] == [4, 2]
+    again = load_file(str(Path(run_inprocess(rc)) / "state.safetensors"))
+    assert all(np.array_equal(again[n], v) for n, v in state.items())  # same seed, same run
