@@ -97,9 +97,10 @@ def attach_adapters(model: LayeredModel, spec: AdapterSpec) -> LayeredModel:
 
 
 def is_trainable_name(param_name: str) -> bool:
-    """Adapters, the head, and extra heads a method adds (``exits.<depth>.*``, DepthFL)."""
+    """Adapters, the head, and extra modules a method adds (``exits.<depth>.*``, DepthFL;
+    ``bricks.<domain>.<position>.*``, FedBRICK)."""
     return ".lora_" in param_name or ".adapter." in param_name or \
-        param_name.startswith(("head.", "exits."))
+        param_name.startswith(("head.", "exits.", "bricks."))
 
 
 def wire_name(param_name: str) -> str:

@@ -23,7 +23,7 @@ from .methods import recipe_for
 from .perf import process_stats
 from .scenarios import client_capacities
 from .strategy import from_record, to_record
-from .training import check_precision, pick_device, train_local
+from .training import check_precision, pick_device
 
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
@@ -114,7 +114,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     plan = tuple(int(j) for j in msg.content["config"]["layers"])
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in 0..{model.num_blocks-1}")
-    subnet = model.subnetwork(plan)
+    recipe.configure(dict(msg.content["config"]))
     params = recipe.trainables(model, plan)
     received = from_record(msg.content["arrays"])
     if set(received) != set(params):
@@ -126,9 +126,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     round_ = int(msg.content["config"]["server-round"])
     recipe.begin(params, context)
     fit_started = time.perf_counter()
-    loss = train_local(subnet, list(params.values()), examples, cfg,
-                       seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
-                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels))
+    loss = recipe.fit(model, plan, params, examples,
+                      seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device)
     fit_seconds = time.perf_counter() - fit_started
     recipe.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()})

@@ -18,9 +18,9 @@ from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl")
+METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "fedbrick")
 # Named in the design contract, built in later issues: a clear "not yet" instead of "unknown".
-PLANNED_METHODS = ("fedbrick", "heterotune", "homo", "fedmd", "feddf",
+PLANNED_METHODS = ("heterotune", "homo", "fedmd", "feddf",
                    "flexifed", "pfedlora")
 
 
@@ -143,6 +143,27 @@ KEYS: dict[str, Key] = {
                              "plain FedAvg", choices=("feddyn", "fedavg")),
     "depthfl-feddyn-alpha": Key(0.1, "FedDyn regularisation alpha (as DepthFL's Flower "
                                 "baseline)", minimum=1e-6),
+    # issue 5: FedBRICK
+    "fedbrick-rank": Key(8, "FedBRICK: rank r of a BRICK's two low-rank paths (4rd parameters "
+                         "per BRICK)", minimum=1),
+    "fedbrick-lambda-w": Key(0.01, "FedBRICK stage I: weight of ||w - w_global||^2 on the "
+                             "retained blocks' trainables (Eq. 21)", minimum=0),
+    "fedbrick-lambda-theta": Key(0.005, "FedBRICK stage I: weight of ||theta - theta_global||^2 "
+                                 "on the missing positions' BRICKs (Eq. 21)", minimum=0),
+    "fedbrick-lambda-d": Key(0.01, "FedBRICK stage II: weight of the BRICK-vs-block "
+                             "distillation term (Eq. 24)", minimum=0),
+    "fedbrick-stage2-epochs": Key(1, "FedBRICK: local epochs of stage II (stage I runs "
+                                  "'local-epochs')", minimum=1),
+    "fedbrick-server-epochs": Key(10, "FedBRICK: epochs of server-side BRICK distillation on the "
+                                  "proxy set per round (Eq. 20; 0 = none)", minimum=0),
+    "fedbrick-server-lr": Key(1e-4, "FedBRICK: Adam learning rate of the server-side "
+                              "distillation (paper: server learning rate 1e-4)", minimum=0),
+    "proxy-fraction": Key(0.05, "fraction of each domain's training examples the server holds as "
+                          "proxy data (FedBRICK, paper: 5%); taken out of the clients' data for "
+                          "fedbrick, or for every method with 'proxy-for-all-methods'",
+                          minimum=0, maximum=0.5),
+    "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
+                                 "method, so a comparator trains on exactly FedBRICK's client data"),
 }
 
 

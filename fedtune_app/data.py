@@ -281,19 +281,53 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
     return tuple(out)
 
 
+PROXY_METHODS = ("fedbrick",)  # methods whose server trains on a proxy split of its own
+
+
+def holds_out_proxy(cfg: dict) -> bool:
+    """Is the server's proxy split taken out of the clients' data in this run?"""
+    return cfg["proxy-fraction"] > 0 and (cfg["method"] in PROXY_METHODS
+                                          or cfg["proxy-for-all-methods"])
+
+
+@functools.lru_cache(maxsize=8)
+def _proxy_positions(domains: tuple[int, ...], fraction: float) -> tuple[int, ...]:
+    rng = np.random.default_rng(SPLIT_SEED + 3)
+    domains = np.asarray(domains)
+    out = []
+    for d in np.unique(domains):
+        idx = rng.permutation(np.flatnonzero(domains == d))
+        out += idx[: max(1, int(round(fraction * len(idx))))].tolist()
+    return tuple(sorted(out))
+
+
+def proxy_indices(cfg: dict, splits: DataSplits) -> np.ndarray:
+    """Positions in ``splits.train`` of the server's proxy set: ``proxy-fraction`` of every
+    domain's training examples (at least one each; the whole set is one domain when the data
+    has none), drawn with a fixed seed, so every run and every seed holds out the same ones."""
+    if cfg["proxy-fraction"] <= 0:
+        return np.zeros(0, dtype=np.int64)
+    domains = (0,) * len(splits.train) if splits.train.domains is None \
+        else tuple(splits.train.domains.tolist())
+    return np.asarray(_proxy_positions(domains, cfg["proxy-fraction"]), dtype=np.int64)
+
+
 def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
                     num_partitions: int) -> Examples:
     """A client's training examples, kept with the (per-process cached) ``splits``: a node
     reuses its partition every round instead of copying it out again (224x224 images: 0.6 GB
     per 1,000 examples)."""
+    proxy = holds_out_proxy(cfg)
     key = (partition_id, num_partitions, cfg["partitioner"], cfg["dirichlet-alpha"],
-           cfg["min-partition-size"], cfg["seed"])
+           cfg["min-partition-size"], cfg["seed"], proxy and cfg["proxy-fraction"])
     cache = splits.__dict__.setdefault("_client_examples", {})
     if key not in cache:
         labels = tuple(splits.train.labels.tolist())
         domains = None if splits.train.domains is None else tuple(splits.train.domains.tolist())
-        parts = partition_indices(labels, domains, num_partitions, *key[2:])
-        cache[key] = splits.train.subset(list(parts[partition_id]))
+        mine = partition_indices(labels, domains, num_partitions, *key[2:6])[partition_id]
+        if proxy:  # the same partition as without a proxy, less the server's part
+            mine = np.setdiff1d(mine, proxy_indices(cfg, splits))
+        cache[key] = splits.train.subset(list(mine))
     return cache[key]
 
 

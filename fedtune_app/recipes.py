@@ -1,7 +1,8 @@
 """Client recipes: the client-side part of a method (DESIGN.md section 2, "client recipe").
 
 A recipe says which extra trainable modules the model carries (``extend``), which tensors a plan
-trains (``trainables``), the local loss (``loss``), what runs before and after local training
+trains (``trainables``), the local loss (``loss``) and training (``fit``, e.g. FedBRICK's two
+stages), the round's config (``configure``), what runs before and after local training
 (``begin``/``end``, e.g. a node's FedDyn state), and how the server's global model predicts
 (``eval_logits``). The default recipe is plain task loss on the sub-network (FedRA, AllLarge,
 AllSmall, InclusiveFL). A method with its own recipe registers it in ``methods.RECIPES``.
@@ -15,6 +16,7 @@ from torch import nn
 
 from .adapters import global_name, trainable_parameters
 from .backbones import LayeredModel
+from .training import train_local
 
 
 class ClientRecipe:
@@ -34,8 +36,21 @@ class ClientRecipe:
         subnet = model.subnetwork(plan)
         return {global_name(n, plan): p for n, p in trainable_parameters(subnet).items()}
 
+    def configure(self, config: dict) -> None:
+        """This round's train config (``layers``, ``server-round`` and a method's own entries,
+        see ``LayerPlanStrategy.train_config``), before ``trainables``."""
+        self.round_config = config
+
     def loss(self, model: LayeredModel, plan, inputs, labels) -> torch.Tensor:
         return nn.functional.cross_entropy(model(inputs, plan), labels)
+
+    def fit(self, model: LayeredModel, plan, params: dict[str, nn.Parameter], examples,
+            seed: int, device) -> float:
+        """Local training (one run of ``train_local`` with ``loss``); a method with several
+        stages runs its own. Returns the mean training loss."""
+        return train_local(model.subnetwork(plan), list(params.values()), examples, self.cfg,
+                           seed=seed, device=device,
+                           loss_fn=lambda inputs, labels: self.loss(model, plan, inputs, labels))
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
         """Before local training (params hold what the server sent)."""

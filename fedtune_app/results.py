@@ -77,6 +77,7 @@ class ResultsWriter:
             "server": process_stats(),
         }
         record |= {k: v for k, v in evaluation.items() if k not in record}  # method's extras
+        record |= {k: v for k, v in entry.method_metrics.items() if k not in record}
         self.metrics.append(record)
         write_json(self.folder / "metrics.json", self.metrics)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"

@@ -124,6 +124,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
         cfg, clients, model.num_blocks, initial_state(model, cfg["seed"]))
     done_metrics = resume(strategy, cfg) if cfg["resume"] else []
     evaluator = GlobalEvaluator(model_cfg, model, clients, recipe)
+    strategy.model = model  # shared with the evaluator: a method's server-side compute (FedBRICK)
     writer = ResultsWriter(cfg, strategy, clients, done_metrics)
     log.info("fedtune: %s on %s, %d clients %s, %d rounds; results in %s", cfg["method"],
              cfg["model"], len(clients), [c.capacity for c in clients],

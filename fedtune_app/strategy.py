@@ -51,6 +51,7 @@ class RoundLog:
     train_loss: float = float("nan")
     started: float = field(default_factory=time.time)
     client_metrics: dict[int, dict] = field(default_factory=dict)  # partition id -> reply metrics
+    method_metrics: dict = field(default_factory=dict)  # a method's own (FedBRICK's overheads)
 
 
 def to_record(tensors: dict[str, np.ndarray]) -> ArrayRecord:
@@ -77,6 +78,7 @@ class LayerPlanStrategy(Strategy):
         self._sent: dict[int, dict[str, np.ndarray]] = {}  # node id -> tensors sent this round
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
+        self.model = None  # the server's model (run_federation sets it), for server-side compute
 
     # -- what a method decides ------------------------------------------------------------
     def plan_round(self, server_round: int, clients: list[ClientInfo]) -> list[Plan]:
@@ -92,6 +94,15 @@ class LayerPlanStrategy(Strategy):
     def payload(self, plan: Plan) -> list[str]:
         """Names of the tensors a client with this plan gets: its planned blocks + the head."""
         return names_for_plan(self.state, plan)
+
+    def client_payload(self, client: ClientInfo, plan: Plan) -> list[str]:
+        """``payload`` for one client (a method whose payload depends on the client overrides it,
+        and ``payload_names``)."""
+        return self.payload(plan)
+
+    def train_config(self, client: ClientInfo, plan: Plan) -> dict:
+        """A method's own entries in the client's train config (the recipe's ``configure``)."""
+        return {}
 
     def payload_names(self, entry: RoundLog) -> dict[int, list[str]]:
         """Partition id -> names of the tensors it was sent."""
@@ -130,14 +141,15 @@ class LayerPlanStrategy(Strategy):
         self._sent = {}
         messages = []
         for client, plan in zip(clients, plans):
-            payload = {n: self.state[n] for n in self.payload(plan)}
+            payload = {n: self.state[n] for n in self.client_payload(client, plan)}
             record = to_record(payload)
             entry.plans[client.partition_id] = plan
             entry.capacities[client.partition_id] = client.capacity
             entry.bytes_down += record.count_bytes()
             self._sent[client.node_id] = payload
             content = RecordDict({"arrays": record, "config": ConfigRecord(
-                {"layers": list(plan), "server-round": server_round})})
+                {"layers": list(plan), "server-round": server_round}
+                | self.train_config(client, plan))})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=client.node_id, group_id=str(server_round)))
         self.history.append(entry)

@@ -4,12 +4,13 @@
 from ..recipes import ClientRecipe
 from .baselines import AllLarge, AllSmall
 from .depthfl import DepthFL, DepthFLRecipe
+from .fedbrick import FedBRICK, FedBRICKRecipe
 from .fedra import FedRA
 from .inclusivefl import InclusiveFL
 
 STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
-              "inclusivefl": InclusiveFL, "depthfl": DepthFL}
-RECIPES = {"depthfl": DepthFLRecipe}
+              "inclusivefl": InclusiveFL, "depthfl": DepthFL, "fedbrick": FedBRICK}
+RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe}
 
 
 def recipe_for(cfg: dict) -> ClientRecipe:
