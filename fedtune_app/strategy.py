@@ -109,6 +109,10 @@ class LayerPlanStrategy(Strategy):
         return {pid: self.reply_names(by_pid[pid], self.client_payload(by_pid[pid], plan))
                 for pid, plan in entry.plans.items()}
 
+    def export_state(self) -> dict[str, np.ndarray]:
+        """The global model as saved in the results folder (HeteroTune: fused, Eq. 6)."""
+        return self.state
+
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they
         go into the checkpoint so that a resumed run continues exactly."""

@@ -5,14 +5,16 @@ from ..recipes import ClientRecipe
 from .baselines import AllLarge, AllSmall
 from .depthfl import DepthFL, DepthFLRecipe
 from .fedra import FedRA
+from .heterotune import HeteroTune, HeteroTuneRecipe
 from .inclusivefl import InclusiveFL
 from .model_groups import GroupAllLarge, GroupAllSmall, Homo
 
 STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
               "inclusivefl": InclusiveFL, "depthfl": DepthFL}
-RECIPES = {"depthfl": DepthFLRecipe}
+RECIPES = {"depthfl": DepthFLRecipe, "heterotune": HeteroTuneRecipe}
 # runs with model groups (key 'model-groups' set): one backbone per group
-GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo}
+GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo,
+                    "heterotune": HeteroTune}
 
 
 def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
