@@ -187,7 +187,8 @@ def build_global(cfg: dict):
         recipe = recipe_for(cfg)
         return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
     recipes = [recipe_for(cfg, g) for g in range(len(specs))]
-    models = [r.build(ModelSpec.from_config(group_config(cfg, g), num_classes_of(cfg)))
+    models = [r.build(ModelSpec.from_config(group_config(cfg, g),
+                                            num_classes_of(group_config(cfg, g))))
               for g, r in enumerate(recipes)]
     return GroupedModel(models), GroupedRecipe(recipes)
 
@@ -238,3 +239,44 @@ class GroupedEvaluator:
                                        for k, v in m["accuracy-per-group"].items()},
                 "accuracy-per-class": per[last]["accuracy-per-class"],
                 "params-per-model-group": self.counts}
+
+
+def parameter_table(cfg: dict) -> list[dict]:
+    """Table 2 of a run config without any weights (architectures on the meta device)."""
+    from .data import num_classes_of
+    from .methods import recipe_for
+
+    rows = []
+    for g, spec in enumerate(group_specs(cfg)):
+        model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
+        with torch.device("meta"):
+            recipe = recipe_for(cfg, g)
+            model = recipe.build(ModelSpec.from_config(model_cfg, num_classes_of(model_cfg)))
+            rows.append({"group": g, "model": spec["model"], "model-args": spec["model-args"]}
+                        | parameter_counts(model, recipe))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    """``python -m fedtune_app.groups params 'key=value ...'``: the Table-2 parameter counts of
+    every model group of a run config (e.g. method=heterotune with ViT-T/S/B/L), in Markdown."""
+    from flwr.common.config import parse_config_args
+
+    from .config import resolve_config
+
+    if len(argv) != 2 or argv[0] != "params":
+        raise SystemExit("usage: python -m fedtune_app.groups params 'key=value ...'")
+    cfg = resolve_config(parse_config_args([argv[1]]) if argv[1].strip() else {})
+    print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
+    print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
+          "reduction (%) |\n|---|---|---|---|---|---|")
+    for r in parameter_table(cfg):
+        print(f"| {r['group']} | {r['model']} {r['model-args']} | {r['model-params'] / 1e6:.3f} "
+              f"| {r['trainable-params'] / 1e6:.4f} | {r['received-params'] / 1e6:.4f} | "
+              f"{r['reduction-%']:.2f} |")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

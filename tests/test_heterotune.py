@@ -172,3 +172,17 @@ def test_two_group_heterotune_run(tmp_path):
         assert not np.allclose(raw[f"share.adapter.0.{g}.up"], np.eye(8))
     initial = np.full(2, 0.5, np.float32)
     assert not np.allclose(raw["groups.1.blocks.0.mlp.fc2.adapter.branch"], initial)
+
+
+def test_table2_parameter_counts_by_hand():
+    from fedtune_app.groups import parameter_table
+
+    rows = parameter_table(resolve_config(CFG))
+    # ViT d=16, 2 blocks, 8x8 grey images in 2x2 patches, 10 classes: patch conv 4*16+16, cls 16,
+    # pos (16+1)*16; per block 2 norms 2*32, qkv 16*48+48, proj 16*16+16, fc1 16*64+64,
+    # fc2 64*16+16; final norm 32; head 170
+    block = 64 + 816 + 272 + 1088 + 1040
+    assert rows[0]["model-params"] == 80 + 16 + 272 + 2 * block + 32 + 170
+    assert [r["trainable-params"] for r in rows] == [TRAINED[0], TRAINED[1]]
+    assert [r["received-params"] - r["trainable-params"] for r in rows] == [256, 256]
+    assert rows[0]["reduction-%"] == pytest.approx(100 * (1 - TRAINED[0] / rows[0]["model-params"]))

@@ -151,3 +151,21 @@ def test_client_runtime_keeps_one_model_per_group():
     assert [m.head.in_features for m in models[:2]] == [16, 32]
     ref = build_backbone(ModelSpec.from_config(group_config(cfg, 1), 10))
     assert len(ref.blocks) == models[1].num_blocks == 3
+
+
+def test_compare_reports_smallest_largest_and_average_for_model_groups(tmp_path):
+    import csv
+
+    from fedtune_app.compare import compare
+
+    rows = compare(["homo", "all-small"], TWO_GROUPS, tmp_path, command="test")
+    with (tmp_path / "compare.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0])[1:5] == ["smallest model", "largest model", "average", "overall"]
+    for row, line in zip(rows, table):
+        last = json.loads((Path(row["folder"]) / "metrics.json").read_text())[-1]
+        per = last["accuracy-per-model-group"]
+        assert float(line["smallest model"]) == pytest.approx(100 * per["0"], abs=0.005)
+        assert float(line["largest model"]) == pytest.approx(100 * per[max(per)], abs=0.005)
+        assert float(line["average"]) == pytest.approx(100 * np.mean(list(per.values())),
+                                                       abs=0.005)

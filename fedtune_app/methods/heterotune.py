@@ -154,6 +154,9 @@ def attach_fedadapters(model, cfg: dict, group: int):
 
 
 class HeteroTuneRecipe(ClientRecipe):
+    def cache_key(self):
+        return (num_groups(self.cfg), share_positions(self.cfg))
+
     def wire(self, name):
         return name if name.startswith(SHARE) else super().wire(name)
 
