@@ -36,6 +36,8 @@ Choices the paper leaves open, made here:
     floor(j * P / L) (relative depth), so equal depths map block to block and a 24-block model
     maps two blocks onto each position of a 12-block one (they then share that branch).
   * The branch weights are part of a group's local state (FedAvg within the group).
+  * The FedAdapter replaces the generic adapters: key 'adapter' (lora / bottleneck) is not used;
+    'adapter-modules' chooses where FedAdapters sit and 'lora-r' is r.
 """
 
 from __future__ import annotations
