@@ -38,17 +38,23 @@ def summarize(method: str, folder: Path) -> dict:
                if m["accuracy"] is not None]
     last = metrics[-1]
     groups = last["accuracy-per-group"]
+    average = sum(groups.values()) / len(groups)
+    if "accuracy-per-model-group" in last:  # model groups: HeteroTune's Smallest/Largest/Avg
+        groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
+        average = last["accuracy"]
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and k not in ("accuracy-per-group", "accuracy-per-class")}
+              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest")}
     return {"method": method, "round": last["round"], "groups": groups,
-            "average": sum(groups.values()) / len(groups), "accuracy": last["accuracy"],
+            "average": average, "accuracy": last["accuracy"],
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
             "folder": str(folder)}
 
 
 def group_labels(folder: Path) -> dict[str, str]:
-    clients = json.loads((folder / "config.json").read_text())["clients"]
-    return {c["group"]: f"{c['group']} (L={c['capacity']})" for c in clients}
+    config = json.loads((folder / "config.json").read_text())
+    if config["run-config"].get("model-groups"):
+        return {"smallest": "smallest model", "largest": "largest model"}
+    return {c["group"]: f"{c['group']} (L={c['capacity']})" for c in config["clients"]}
 
 
 def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: str) -> None:
@@ -63,9 +69,12 @@ def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: st
             writer.writerow(line + [r["round"], json.dumps(r["extras"])])
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(line) + " |" for line in table]
-    md += ["", "Test accuracy (%) of the global model after the last round; a group's column is "
-           "the test accuracy re-weighted to that client's label distribution; average = mean "
-           "over groups; overall = plain test accuracy.", ""]
+    note = ("smallest / largest model = test accuracy of the smallest / largest model group's "
+            "global model; average = mean over the model groups (= overall)"
+            if "smallest" in labels else "a group's column is the test accuracy re-weighted to "
+            "that client's label distribution; average = mean over groups; overall = plain test "
+            "accuracy")
+    md += ["", f"Test accuracy (%) of the global model after the last round; {note}.", ""]
     md += [f"- {r['method']}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["extras"].items())
            for r in rows if r["extras"]]
     md += ["", f"Command: `{command}`"]
@@ -96,7 +105,8 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "") 
         if m not in METHODS:
             raise ConfigError(f"--methods: {m!r} is not an available method; allowed: "
                               f"{', '.join(METHODS)}")
-    resolve_config(run_config)  # bad keys stop here, before any method runs
+    for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
+        resolve_config(dict(run_config) | {"method": method})
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
     for method in methods:

@@ -18,9 +18,10 @@ from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "fedbrick")
+METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "fedbrick", "homo",
+           "heterotune")
 # Named in the design contract, built in later issues: a clear "not yet" instead of "unknown".
-PLANNED_METHODS = ("heterotune", "homo", "fedmd", "feddf",
+PLANNED_METHODS = ("fedmd", "feddf",
                    "flexifed", "pfedlora")
 
 
@@ -164,6 +165,30 @@ KEYS: dict[str, Key] = {
                           minimum=0, maximum=0.5),
     "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
                                  "method, so a comparator trains on exactly FedBRICK's client data"),
+    # issue 6: model groups / HeteroTune
+    "model-groups": Key("", "model heterogeneity: one backbone per model group (timm name or "
+                        "Hugging Face encoder), smallest first, separated by ';' (empty = one "
+                        "model for all clients, key 'model')"),
+    "model-group-args": Key("", "each group's 'model-args', separated by ';' (one entry = the "
+                            "same for every group; empty = key 'model-args')"),
+    "model-group-sources": Key("", "each group's 'model-source' (pretrained, random, or a local "
+                               "file), separated by ';' (one entry = the same for every group; "
+                               "empty = key 'model-source')"),
+    "model-group-assign": Key("ratio", "how clients get their model group: in "
+                              "'model-group-ratio' proportions (seeded permutation over the "
+                              "clients), or by capacity (the largest group whose threshold in "
+                              "'model-group-capacities' it reaches)",
+                              choices=("ratio", "capacity")),
+    "model-group-ratio": Key("", "ratio of clients per model group, e.g. '3:3:2:2' (empty = "
+                             "equal shares)"),
+    "model-group-capacities": Key("", "smallest capacity each model group needs, ascending, "
+                                  "comma separated (model-group-assign = capacity)"),
+    "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
+                          "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
+                          "(0 = off); rank r = key 'lora-r'", minimum=0),
+    "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
+                                      "L-block model uses position floor(j*P/L) (0 = the "
+                                      "smallest depth among the model groups)", minimum=0),
 }
 
 
@@ -274,6 +299,10 @@ def resolve_config(run_config: dict[str, Any]) -> dict[str, Any]:
                           f"implemented yet; available now: {', '.join(METHODS)}")
     parse_int_list("capacities", config["capacities"])
     check_conflicts(config)
+    from .groups import check_groups
+    from .methods import GROUP_STRATEGIES
+
+    check_groups(config, tuple(GROUP_STRATEGIES))
     return config
 
 

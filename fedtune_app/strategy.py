@@ -36,6 +36,7 @@ class ClientInfo:
     group: str
     label_counts: tuple[int, ...] = ()
     checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch (issue 8)
+    model_group: int = 0  # its model group (issue 6; 0 in a single-model run)
 
 
 @dataclass
@@ -75,7 +76,8 @@ class LayerPlanStrategy(Strategy):
         self.state = dict(initial_state)
         self.rng = np.random.default_rng(cfg["seed"])
         self.history: list[RoundLog] = []
-        self._sent: dict[int, dict[str, np.ndarray]] = {}  # node id -> tensors sent this round
+        # node id -> the tensors sent this round that it must send back
+        self._sent: dict[int, dict[str, np.ndarray]] = {}
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
         self.model = None  # the server's model (run_federation sets it), for server-side compute
@@ -96,17 +98,27 @@ class LayerPlanStrategy(Strategy):
         return names_for_plan(self.state, plan)
 
     def client_payload(self, client: ClientInfo, plan: Plan) -> list[str]:
-        """``payload`` for one client (a method whose payload depends on the client overrides it,
-        and ``payload_names``)."""
+        """Names of the tensors this client gets (a method whose payload depends on the client
+        overrides it; model groups: those of its group)."""
         return self.payload(plan)
 
     def train_config(self, client: ClientInfo, plan: Plan) -> dict:
         """A method's own entries in the client's train config (the recipe's ``configure``)."""
         return {}
 
+    def reply_names(self, client: ClientInfo, names: list[str]) -> list[str]:
+        """Of the tensors sent, those the client trains and sends back (default: all)."""
+        return names
+
     def payload_names(self, entry: RoundLog) -> dict[int, list[str]]:
-        """Partition id -> names of the tensors it was sent."""
-        return {pid: self.payload(plan) for pid, plan in entry.plans.items()}
+        """Partition id -> names of the tensors it trained (sent and returned)."""
+        by_pid = {c.partition_id: c for c in self.clients}
+        return {pid: self.reply_names(by_pid[pid], self.client_payload(by_pid[pid], plan))
+                for pid, plan in entry.plans.items()}
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """The global model as saved in the results folder (HeteroTune: fused, Eq. 6)."""
+        return self.state
 
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they
@@ -146,7 +158,8 @@ class LayerPlanStrategy(Strategy):
             entry.plans[client.partition_id] = plan
             entry.capacities[client.partition_id] = client.capacity
             entry.bytes_down += record.count_bytes()
-            self._sent[client.node_id] = payload
+            self._sent[client.node_id] = {n: payload[n]
+                                          for n in self.reply_names(client, list(payload))}
             content = RecordDict({"arrays": record, "config": ConfigRecord(
                 {"layers": list(plan), "server-round": server_round}
                 | self.train_config(client, plan))})

@@ -6,12 +6,23 @@ from .baselines import AllLarge, AllSmall
 from .depthfl import DepthFL, DepthFLRecipe
 from .fedbrick import FedBRICK, FedBRICKRecipe
 from .fedra import FedRA
+from .heterotune import HeteroTune, HeteroTuneRecipe
 from .inclusivefl import InclusiveFL
+from .model_groups import GroupAllLarge, GroupAllSmall, Homo
 
 STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
               "inclusivefl": InclusiveFL, "depthfl": DepthFL, "fedbrick": FedBRICK}
-RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe}
+RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe, "heterotune": HeteroTuneRecipe}
+# runs with model groups (key 'model-groups' set): one backbone per group
+GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo,
+                    "heterotune": HeteroTune}
 
 
-def recipe_for(cfg: dict) -> ClientRecipe:
-    return RECIPES.get(cfg["method"], ClientRecipe)(cfg)
+def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
+    return RECIPES.get(cfg["method"], ClientRecipe)(cfg, group)
+
+
+def strategy_class(cfg: dict):
+    from ..groups import num_groups
+
+    return (GROUP_STRATEGIES if num_groups(cfg) else STRATEGIES)[cfg["method"]]

@@ -276,9 +276,6 @@ class FedBRICK(FedRA):
     def client_payload(self, client, plan):
         return self._payload(self.domain_of[client.partition_id], plan)
 
-    def payload_names(self, entry):
-        return {pid: self._payload(self.domain_of[pid], plan) for pid, plan in entry.plans.items()}
-
     def train_config(self, client, plan):
         return {"brick-domain": self.domain_of[client.partition_id]}
 

@@ -1,0 +1,282 @@
+"""Model groups: clients that run different backbones (model heterogeneity, HeteroTune Sec. 3).
+
+A run with ``model-groups`` set has M >= 1 model groups g = 0..M-1, listed smallest model first,
+each with its own backbone (timm name or Hugging Face encoder), constructor arguments and weights
+(``model-group-args`` / ``model-group-sources``, ';'-separated; one entry serves every group):
+
+    model-groups        = "vit_tiny_patch16_224;vit_tiny_patch16_224"
+    model-group-args    = "embed_dim=16,depth=2,...;embed_dim=32,depth=2,..."
+    model-group-sources = "random"
+
+A client's group comes from its partition id (``model-group-assign = ratio``: the groups in
+``model-group-ratio`` proportions, e.g. 3:3:2:2, placed by the same seeded permutation as the
+ratio capacity profile) or from its declared capacity (``capacity``: the largest group whose
+threshold in ``model-group-capacities`` the capacity reaches). AllSmall / AllLarge put every
+client in group 0 / M-1.
+
+Global state names of group-specific tensors carry the prefix ``groups.<g>.``, so the masked
+weighted mean aggregates each group's tensors over that group's clients only, and a method may
+add unprefixed tensors that every group shares (HeteroTune's share-adapters).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from .backbones import ModelSpec
+from .config import ConfigError, parse_int_list
+
+PREFIX = "groups."
+FIXED_GROUP = {"all-small": 0, "all-large": -1}  # methods that put everyone in one group
+
+
+def prefix(group: int) -> str:
+    return f"{PREFIX}{group}."
+
+
+def group_of_name(name: str) -> int | None:
+    """``groups.1.blocks.0.x`` -> 1; a name outside every group (shared) -> None."""
+    if not name.startswith(PREFIX):
+        return None
+    return int(name.split(".", 2)[1])
+
+
+def _entries(cfg: dict, key: str) -> list[str]:
+    return [p.strip() for p in cfg[key].split(";")] if cfg[key].strip() else []
+
+
+def group_specs(cfg: dict) -> list[dict]:
+    """Per group: its values of the keys 'model', 'model-args', 'model-source' ([] = no groups).
+    The number of groups is the longest of the three lists; a one-entry list serves all."""
+    keys = {"model": "model-groups", "model-args": "model-group-args",
+            "model-source": "model-group-sources"}
+    lists = {k: _entries(cfg, key) for k, key in keys.items()}
+    if not lists["model"]:
+        return []
+    count = max(len(v) for v in lists.values())
+    for k, values in lists.items():
+        if len(values) not in (0, 1, count):
+            raise ConfigError(f"run-config key '{keys[k]}' = {cfg[keys[k]]!r} has {len(values)} "
+                              f"entries but another model-group key has {count}; give one per "
+                              "group or one for all, separated by ';'")
+        lists[k] = values * count if len(values) == 1 else values or [cfg[k]] * count
+    return [{k: lists[k][g] for k in keys} for g in range(count)]
+
+
+def num_groups(cfg: dict) -> int:
+    return len(group_specs(cfg))
+
+
+def group_config(cfg: dict, group: int | None) -> dict:
+    """The run config as group ``group``'s nodes see it (its model keys); None: unchanged."""
+    return cfg if group is None else cfg | group_specs(cfg)[group]
+
+
+def group_ratio(cfg: dict) -> list[int]:
+    from .scenarios import parse_ratio
+
+    m = num_groups(cfg)
+    if not cfg["model-group-ratio"]:
+        return [1] * m
+    ratio = parse_ratio(cfg["model-group-ratio"], key="model-group-ratio")
+    if len(ratio) != m:
+        raise ConfigError(f"run-config key 'model-group-ratio' = {cfg['model-group-ratio']!r} has "
+                          f"{len(ratio)} parts but 'model-groups' lists {m} groups")
+    return ratio
+
+
+def group_thresholds(cfg: dict) -> list[int]:
+    m = num_groups(cfg)
+    values = parse_int_list("model-group-capacities", cfg["model-group-capacities"])
+    if len(values) != m or values != sorted(values):
+        raise ConfigError(f"run-config key 'model-group-capacities' = "
+                          f"{cfg['model-group-capacities']!r}: expected {m} ascending capacities, "
+                          "one per model group")
+    return values
+
+
+def node_model_group(cfg: dict, partition_id: int, num_partitions: int,
+                     capacity: int) -> int | None:
+    """The model group of a node (None: a single-model run)."""
+    m = num_groups(cfg)
+    if not m:
+        return None
+    if cfg["method"] in FIXED_GROUP:
+        return FIXED_GROUP[cfg["method"]] % m
+    if cfg["model-group-assign"] == "capacity":
+        fits = [g for g, t in enumerate(group_thresholds(cfg)) if t <= capacity]
+        if not fits:
+            raise ConfigError(f"client {partition_id} has capacity {capacity}, below every "
+                              f"threshold of run-config key 'model-group-capacities' = "
+                              f"{cfg['model-group-capacities']!r}")
+        return fits[-1]
+    from .scenarios import _ratio_capacities
+
+    groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(cfg)), num_partitions,
+                               cfg["seed"])
+    return groups[partition_id]
+
+
+def check_groups(cfg: dict, group_methods) -> None:
+    """Model-group keys agree with each other and with the method (before any training)."""
+    specs = group_specs(cfg)
+    if not specs:
+        if cfg["method"] in group_methods and cfg["method"] not in FIXED_GROUP:
+            raise ConfigError(f"run-config key 'method' = {cfg['method']!r} needs model groups: "
+                              "set 'model-groups' (e.g. two timm models separated by ';')")
+        return
+    if cfg["method"] not in group_methods:
+        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} does not run over model "
+                          f"groups ('model-groups' is set); allowed: {', '.join(group_methods)}")
+    if cfg["model-group-assign"] == "capacity":
+        group_thresholds(cfg)
+    else:
+        group_ratio(cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def _depth(spec: ModelSpec) -> int:
+    from .backbones import _build
+
+    with torch.device("meta"):  # architecture only: no weights are read or initialised
+        return _build(replace(spec, source="random")).num_blocks
+
+
+def group_depths(cfg: dict) -> list[int]:
+    """Blocks of each group's backbone."""
+    return [_depth(ModelSpec.from_config(group_config(cfg, g), 2)) for g in range(num_groups(cfg))]
+
+
+class GroupedModel(nn.Module):
+    """The server's global models, one per group (``groups.<g>.`` in parameter names)."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        self.groups = nn.ModuleList(models)
+
+    @property
+    def num_blocks(self) -> int:
+        return max(m.num_blocks for m in self.groups)
+
+
+class GroupedRecipe:
+    """The per-group client recipes seen from the server: initial state of all groups."""
+
+    def __init__(self, recipes: list):
+        self.recipes = recipes
+
+    def initial_state(self, model: GroupedModel, seed: int) -> dict[str, np.ndarray]:
+        state = {}
+        for recipe, sub in zip(self.recipes, model.groups):
+            state |= recipe.initial_state(sub, seed)  # shared names: the same from every group
+        return state
+
+
+def build_global(cfg: dict):
+    """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
+    from .data import num_classes_of
+    from .methods import recipe_for
+
+    specs = group_specs(cfg)
+    if not specs:
+        recipe = recipe_for(cfg)
+        return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
+    recipes = [recipe_for(cfg, g) for g in range(len(specs))]
+    models = [r.build(ModelSpec.from_config(group_config(cfg, g),
+                                            num_classes_of(group_config(cfg, g))))
+              for g, r in enumerate(recipes)]
+    return GroupedModel(models), GroupedRecipe(recipes)
+
+
+def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
+    """Table 2 for one group's model: the parameters full fine-tuning would train and send (the
+    backbone with its head, without any adapter), those a client of the method trains and sends
+    back, those it receives each round, and the reduction 1 - trained / full in %."""
+    from .adapters import trainable_parameters
+
+    plan = tuple(range(model.num_blocks))
+    size = lambda params: int(sum(p.numel() for p in params))  # noqa: E731
+    adapters = {id(p) for n, p in trainable_parameters(model).items() if not n.startswith("head.")}
+    full = size(p for p in model.parameters() if id(p) not in adapters)
+    trained = size(recipe.trainables(model, plan).values())
+    return {"model-params": full, "trainable-params": trained,
+            "received-params": size(recipe.received(model, plan).values()),
+            "reduction-%": 100.0 * (1 - trained / full)}
+
+
+class GroupedEvaluator:
+    """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
+    have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
+    are listed smallest first), ``accuracy-per-model-group``, and every group's Table-2
+    parameter counts (``params-per-model-group``). ``accuracy-per-class``: the largest group's."""
+
+    def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
+        from .server import GlobalEvaluator
+
+        used = sorted({c.model_group for c in clients})
+        self.counts = {str(g): parameter_counts(m, r)
+                       for g, (m, r) in enumerate(zip(model.groups, recipe.recipes))}
+        self.evaluators = {g: GlobalEvaluator(group_config(cfg, g), model.groups[g],
+                                              [c for c in clients if c.model_group == g],
+                                              recipe.recipes[g]) for g in used}
+
+    def __call__(self, state, plan) -> dict:
+        per = {g: ev(state, tuple(range(ev.model.num_blocks)))
+               for g, ev in self.evaluators.items()}
+        first, last = min(per), max(per)
+        acc = {str(g): m["accuracy"] for g, m in per.items()}
+        return {"accuracy": float(np.mean(list(acc.values()))),
+                "loss": float(np.mean([m["loss"] for m in per.values()])),
+                "accuracy-smallest": per[first]["accuracy"],
+                "accuracy-largest": per[last]["accuracy"],
+                "accuracy-per-model-group": acc,
+                "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
+                                       for k, v in m["accuracy-per-group"].items()},
+                "accuracy-per-class": per[last]["accuracy-per-class"],
+                "params-per-model-group": self.counts}
+
+
+def parameter_table(cfg: dict) -> list[dict]:
+    """Table 2 of a run config without any weights (architectures on the meta device)."""
+    from .data import num_classes_of
+    from .methods import recipe_for
+
+    rows = []
+    for g, spec in enumerate(group_specs(cfg)):
+        model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
+        with torch.device("meta"):
+            recipe = recipe_for(cfg, g)
+            model = recipe.build(ModelSpec.from_config(model_cfg, num_classes_of(model_cfg)))
+            rows.append({"group": g, "model": spec["model"], "model-args": spec["model-args"]}
+                        | parameter_counts(model, recipe))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    """``python -m fedtune_app.groups params 'key=value ...'``: the Table-2 parameter counts of
+    every model group of a run config (e.g. method=heterotune with ViT-T/S/B/L), in Markdown."""
+    from flwr.common.config import parse_config_args
+
+    from .config import resolve_config
+
+    if len(argv) != 2 or argv[0] != "params":
+        raise SystemExit("usage: python -m fedtune_app.groups params 'key=value ...'")
+    cfg = resolve_config(parse_config_args([argv[1]]) if argv[1].strip() else {})
+    print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
+    print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
+          "reduction (%) |\n|---|---|---|---|---|---|")
+    for r in parameter_table(cfg):
+        print(f"| {r['group']} | {r['model']} {r['model-args']} | {r['model-params'] / 1e6:.3f} "
+              f"| {r['trainable-params'] / 1e6:.4f} | {r['received-params'] / 1e6:.4f} | "
+              f"{r['reduction-%']:.2f} |")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
