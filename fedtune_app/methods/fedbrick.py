@@ -291,6 +291,8 @@ class FedBRICK(FedRA):
     def overheads(self, entry) -> dict:
         """Per client this round: BRICK parameters it stores, and their share of its model."""
         model = self.model
+        if model is None:  # used outside run_federation: no model to count
+            return {}
         shared = sum(p.numel() for m in (model.stem, model.neck, model.head)
                      for p in m.parameters())
         per_block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
