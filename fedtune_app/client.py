@@ -20,6 +20,7 @@ from .data import client_examples, client_group, load_data, num_classes_of
 from .faults import after_training, before_training
 from .frozen_weights import with_checkpoint
 from .methods import recipe_for
+from .objectives import LocalObjective
 from .perf import process_stats
 from .scenarios import client_capacities
 from .strategy import from_record, to_record
@@ -124,13 +125,17 @@ def handle_train(msg: Message, context: Context) -> Message:
         for name, value in received.items():
             params[name].copy_(torch.as_tensor(value))
     round_ = int(msg.content["config"]["server-round"])
+    objective = LocalObjective(cfg)  # FedProx / FedDyn term on top of the method's loss
+    objective.begin(params, context)
     recipe.begin(params, context)
     fit_started = time.perf_counter()
     loss = train_local(subnet, list(params.values()), examples, cfg,
                        seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
-                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels))
+                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
+                       + objective.penalty())
     fit_seconds = time.perf_counter() - fit_started
     recipe.end(params, context)
+    objective.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()})
     metrics = MetricRecord({"num-examples": len(examples), "train-loss": loss,
                             "fit-seconds": fit_seconds,

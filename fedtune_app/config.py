@@ -143,6 +143,13 @@ KEYS: dict[str, Key] = {
                              "plain FedAvg", choices=("feddyn", "fedavg")),
     "depthfl-feddyn-alpha": Key(0.1, "FedDyn regularisation alpha (as DepthFL's Flower "
                                 "baseline)", minimum=1e-6),
+    # issue 7: comparators (FedProx/FedDyn local objectives; FedMD, FedDF, FlexiFed, pFedLoRA)
+    "local-objective": Key("plain", "term added to every client's local loss against drift: "
+                           "none, FedProx's proximal term, or FedDyn's dynamic regulariser "
+                           "(with its server correction)", choices=("plain", "fedprox", "feddyn")),
+    "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
+    "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
+                        "'depthfl-feddyn-alpha')", minimum=1e-6),
 }
 
 
