@@ -150,6 +150,15 @@ KEYS: dict[str, Key] = {
     "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
     "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
                         "'depthfl-feddyn-alpha')", minimum=1e-6),
+    "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
+                           "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
+                           maximum=0.9),
+    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation: epochs over the public "
+                          "set per round", minimum=1),
+    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
+                      minimum=0),
+    "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
+                               minimum=1e-3),
 }
 
 

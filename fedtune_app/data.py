@@ -280,11 +280,14 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
 
 def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
                     num_partitions: int) -> Examples:
-    labels = tuple(splits.train.labels.tolist())
-    domains = None if splits.train.domains is None else tuple(splits.train.domains.tolist())
+    from .distill import public_split
+
+    train, _ = public_split(cfg, splits)  # FedMD/FedDF: the public set is nobody's data
+    labels = tuple(train.labels.tolist())
+    domains = None if train.domains is None else tuple(train.domains.tolist())
     parts = partition_indices(labels, domains, num_partitions, cfg["partitioner"],
                               cfg["dirichlet-alpha"], cfg["min-partition-size"], cfg["seed"])
-    return splits.train.subset(list(parts[partition_id]))
+    return train.subset(list(parts[partition_id]))
 
 
 def client_group(cfg: dict, splits: DataSplits, partition_id: int, num_partitions: int) -> str:
