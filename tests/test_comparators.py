@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.aggregation import ClientUpdate
+from fedtune_app.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
 from fedtune_app.config import resolve_config
 from fedtune_app.data import Examples, client_examples, load_data
 from fedtune_app.distill import (consensus, digest_loss, distill, indexed, kd_loss,
                                  public_split)
-from fedtune_app.methods.flexifed import common_keys, max_common_mean
+from fedtune_app.methods.flexifed import common_keys
 
 
 def f32(*v):
@@ -120,7 +120,7 @@ def test_flexifed_max_common_mean_by_hand():
                      30),
         ClientUpdate("2", {"groups.2.blocks.0.a": f32(1, 2, 3, 4)}, 20),
     ]
-    new = max_common_mean(state, updates, common_keys(state))
+    new = keyed_weighted_mean(state, updates, common_keys(state))
     for g in (0, 1):  # shared prefix: (10 * x_0 + 30 * x_1) / 40 in both groups
         np.testing.assert_allclose(new[f"groups.{g}.blocks.0.a"], [4, 4])
         np.testing.assert_allclose(new[f"groups.{g}.blocks.1.a"], [5, 2])
@@ -130,3 +130,57 @@ def test_flexifed_max_common_mean_by_hand():
     np.testing.assert_allclose(new["groups.2.blocks.0.a"], [1, 2, 3, 4])
     np.testing.assert_array_equal(new["groups.2.head.w"], [0, 0, 0])  # nobody sent it
     assert new["groups.0.blocks.0.a"].dtype == np.float32
+    # keys = names: the plain masked mean
+    same = keyed_weighted_mean(state, updates, {n: n for n in state})
+    plain = masked_weighted_mean(state, updates)
+    assert all(np.array_equal(same[n], plain[n]) for n in state)
+
+
+# -- pFedLoRA -----------------------------------------------------------------------------------
+
+def test_core_lora_forward_is_the_formula():
+    from fedtune_app.methods.pfedlora import CoreLoRA
+
+    torch.manual_seed(0)
+    base = nn.Linear(2, 3)
+    layer = CoreLoRA(base, r=2, alpha=4.0, dropout=0.0)
+    A, C, B = torch.randn(2, 2), torch.randn(2, 2), torch.randn(3, 2)
+    with torch.no_grad():
+        layer.lora_A.weight.copy_(A), layer.lora_C.weight.copy_(C), layer.lora_B.weight.copy_(B)
+    x = torch.randn(5, 2)
+    expected = x @ base.weight.T + base.bias + (4.0 / 2) * x @ A.T @ C.T @ B.T
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_pfedlora_shares_homogeneous_adapters_by_relative_depth():
+    from fedtune_app.methods.pfedlora import core_position, identity_cores, pfedlora_keys
+
+    # K = 2 positions (smallest depth); a 3-block model: blocks 0, 1 -> 0, block 2 -> 1
+    assert [core_position(j, 3, 2) for j in range(3)] == [0, 0, 1]
+    assert [core_position(j, 2, 2) for j in range(2)] == [0, 1]
+    one = f32(0).reshape(1, 1)
+    state = {f"groups.{g}.blocks.{j}.fc.{t}.weight": one
+             for g, depth in ((0, 2), (1, 3)) for j in range(depth) for t in ("lora_A", "lora_C")}
+    assert identity_cores(state)["groups.1.blocks.2.fc.lora_C.weight"].tolist() == [[1.0]]
+    assert identity_cores(state)["groups.1.blocks.2.fc.lora_A.weight"].tolist() == [[0.0]]
+    keys = pfedlora_keys(state, [2, 3])
+
+    def v(x):
+        return np.array([[x]], dtype=np.float32)
+
+    updates = [ClientUpdate("0", {"groups.0.blocks.0.fc.lora_C.weight": v(1),
+                                  "groups.0.blocks.1.fc.lora_C.weight": v(2),
+                                  "groups.0.blocks.0.fc.lora_A.weight": v(5)}, 10),
+               ClientUpdate("1", {"groups.1.blocks.0.fc.lora_C.weight": v(3),
+                                  "groups.1.blocks.1.fc.lora_C.weight": v(5),
+                                  "groups.1.blocks.2.fc.lora_C.weight": v(6),
+                                  "groups.1.blocks.0.fc.lora_A.weight": v(7)}, 30)]
+    new = keyed_weighted_mean(state, updates, keys)
+    k0 = (10 * 1 + 30 * 3 + 30 * 5) / 70  # position 0: g0 block 0, g1 blocks 0 and 1
+    for name in ("groups.0.blocks.0", "groups.1.blocks.0", "groups.1.blocks.1"):
+        np.testing.assert_allclose(new[f"{name}.fc.lora_C.weight"], [[k0]], rtol=1e-6)
+    for name in ("groups.0.blocks.1", "groups.1.blocks.2"):  # position 1: (10*2 + 30*6) / 40
+        np.testing.assert_allclose(new[f"{name}.fc.lora_C.weight"], [[5]])
+    np.testing.assert_allclose(new["groups.0.blocks.0.fc.lora_A.weight"], [[5]])  # own group
+    np.testing.assert_allclose(new["groups.1.blocks.0.fc.lora_A.weight"], [[7]])
+    np.testing.assert_array_equal(new["groups.1.blocks.2.fc.lora_A.weight"], [[0]])  # not sent

@@ -26,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..adapters import block_of
-from ..aggregation import ClientUpdate
 
 GROUPS = "groups."
 
@@ -76,20 +75,3 @@ def common_keys(state: dict[str, np.ndarray]) -> dict[str, str]:
             local = rest if j is None else rest.split(".", 2)[2]
             key[f"{GROUPS}{g}.{rest}"] = f"layer{k}/{owner}/{local}"
     return key
-
-
-def max_common_mean(state: dict[str, np.ndarray], updates: list[ClientUpdate],
-                    keys: dict[str, str]) -> dict[str, np.ndarray]:
-    """Step 3: per class, the example-weighted mean of every tensor of it that was sent."""
-    sums: dict[str, np.ndarray] = {}
-    weights: dict[str, float] = {}
-    for u in sorted(updates, key=lambda u: u.client):
-        for name, value in u.tensors.items():
-            k = keys[name]
-            sums[k] = sums.get(k, 0.0) + value.astype(np.float64) * u.num_examples
-            weights[k] = weights.get(k, 0.0) + u.num_examples
-    new = dict(state)
-    for name, k in keys.items():
-        if k in sums:
-            new[name] = (sums[k] / weights[k]).astype(state[name].dtype)
-    return new
