@@ -11,8 +11,8 @@ blocks in order followed by the head; a layer's signature is the set of its trai
      signatures; layer k of g and layer k of h share one value when k < c(g, h). Sharing is an
      equivalence per layer (equal prefixes are transitive), so each layer's tensors fall into
      classes;
-  3. each class gets the example-weighted mean over every client that sent one of its tensors;
-     a class nobody sent keeps its value.
+  3. each class gets the example-weighted mean over every client that sent one of its tensors
+     (``aggregation.keyed_weighted_mean``); a class nobody sent keeps its value.
 Groups of different widths share nothing (their adapters differ in shape from block 0): FlexiFed
 then equals Homo-training, which is what HeteroTune observes for ViTs of different widths.
 
@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..adapters import block_of
+from ..aggregation import keyed_weighted_mean
+from .model_groups import GroupStrategy
 
 GROUPS = "groups."
 
@@ -75,3 +77,14 @@ def common_keys(state: dict[str, np.ndarray]) -> dict[str, str]:
             local = rest if j is None else rest.split(".", 2)[2]
             key[f"{GROUPS}{g}.{rest}"] = f"layer{k}/{owner}/{local}"
     return key
+
+
+class FlexiFed(GroupStrategy):
+    name = "flexifed"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        self.keys = common_keys(self.state)
+
+    def aggregate(self, updates):
+        return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))

@@ -32,8 +32,13 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from ..adapters import block_of
+from ..adapters import block_of, is_trainable_name, resolve_modules
+from ..aggregation import keyed_weighted_mean
+from ..backbones import build_backbone
+from ..recipes import ClientRecipe
+from ..training import train_local
 from .flexifed import split_name
+from .model_groups import GroupStrategy
 
 CORE = "lora_C"
 
@@ -89,3 +94,46 @@ def attach_core_lora(model, modules: list[str], r: int, alpha: float, dropout: f
             parent = block.get_submodule(parent_name) if parent_name else block
             setattr(parent, leaf, CoreLoRA(getattr(parent, leaf), r, alpha, dropout))
     return model
+
+
+class PFedLoRARecipe(ClientRecipe):
+    """The B C A adapter instead of peft's LoRA, C = I at start, iterative local training."""
+
+    def build(self, spec):
+        model = build_backbone(spec)
+        modules = resolve_modules(model, self.cfg["adapter-modules"])
+        attach_core_lora(model, modules, self.cfg["lora-r"], self.cfg["lora-alpha"],
+                         self.cfg["lora-dropout"])
+        model.requires_grad_(False)
+        for name, param in model.named_parameters():
+            param.requires_grad_(is_trainable_name(name))
+        return self.extend(model)
+
+    def initial_state(self, model, seed):
+        return identity_cores(super().initial_state(model, seed))
+
+    def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round) -> float:
+        """Step 2: the local part with C frozen, then C with the local part frozen."""
+        subnet = model.subnetwork(plan)
+        local = {n: p for n, p in params.items() if f".{CORE}." not in n}
+        cores = {n: p for n, p in params.items() if f".{CORE}." in n}
+        loss = 0.0
+        for phase, (train, frozen) in enumerate(((local, cores), (cores, local))):
+            for p in frozen.values():
+                p.requires_grad_(False)
+            loss = train_local(subnet, list(train.values()), examples, self.cfg,
+                               seed=seed + phase, device=device, loss_fn=loss_fn)
+            for p in frozen.values():
+                p.requires_grad_(True)
+        return loss  # of the last phase
+
+
+class PFedLoRA(GroupStrategy):
+    name = "pfedlora"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        self.keys = pfedlora_keys(self.state, self.depths)
+
+    def aggregate(self, updates):
+        return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))
