@@ -13,18 +13,19 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from .adapters import AdapterSpec, attach_adapters
-from .backbones import ModelSpec, build_backbone
+from .adapters import AdapterSpec
+from .backbones import ModelSpec
 from .config import ConfigError, resolve_config
 from .data import client_examples, client_group, load_data, num_classes_of
 from .faults import after_training, before_training
 from .frozen_weights import with_checkpoint
+from .groups import group_config, node_model_group, num_groups
 from .methods import recipe_for
 from .objectives import LocalObjective
 from .perf import process_stats
 from .scenarios import client_capacities
 from .strategy import from_record, to_record
-from .training import check_precision, pick_device, train_local
+from .training import check_precision, pick_device
 
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
@@ -32,17 +33,17 @@ _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> 
 
 def runtime(cfg: dict, recipe=None):
     """(model with adapters on all blocks and the method's extra modules, device), cached per
-    process (the two most recent) and per method extension."""
+    process (the two most recent, or one per model group) and per method extension."""
     recipe = recipe or recipe_for(cfg)
     spec, adapters = ModelSpec.from_config(cfg, num_classes_of(cfg)), AdapterSpec.from_config(cfg)
     key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
-           recipe.cache_key())
+           recipe.cache_key(), recipe.group)
     if key not in _MODELS:
-        while len(_MODELS) >= 2:
+        while len(_MODELS) >= max(2, num_groups(cfg)):
             _MODELS.pop(next(iter(_MODELS)))
         device = pick_device(cfg["device"])
         check_precision(cfg["precision"], device)
-        model = recipe.extend(attach_adapters(build_backbone(spec), adapters))
+        model = recipe.build(spec)
         _MODELS[key] = model.to(device), device
     return _MODELS[key]
 
@@ -82,6 +83,12 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
     return pid, num, capacities[pid]
 
 
+def node_group(cfg: dict, context: Context) -> int | None:
+    """This node's model group (None: a single-model run)."""
+    pid, num, capacity = node_identity(cfg, context.node_config)
+    return node_model_group(cfg, pid, num, capacity)
+
+
 def local_data(cfg: dict, context: Context):
     pid, num, capacity = node_identity(cfg, context.node_config)
     splits = load_data(cfg)
@@ -96,47 +103,52 @@ def node_config_of(context: Context) -> tuple[dict, int]:
 
 def handle_query(msg: Message, context: Context) -> Message:
     cfg, fetched = node_config_of(context)  # the one-time checkpoint fetch happens here
+    group = node_group(cfg, context)
+    cfg = group_config(cfg, group)
     pid, capacity, examples, splits = local_data(cfg, context)
     counts = np.bincount(examples.labels.numpy(), minlength=splits.num_classes)
-    group = client_group(cfg, splits, pid, int(context.node_config["num-partitions"]))
+    data_group = client_group(cfg, splits, pid, int(context.node_config["num-partitions"]))
     reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
-                          "num-examples": len(examples), "group": group,
-                          "label-counts": counts.tolist(), "checkpoint-bytes": fetched})
+                          "num-examples": len(examples), "group": data_group,
+                          "label-counts": counts.tolist(), "checkpoint-bytes": fetched,
+                          "model-group": 0 if group is None else group})
     return Message(RecordDict({"info": reply}), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     cfg, fetched = node_config_of(context)  # 0 bytes unless the cache was lost since the query
+    group = node_group(cfg, context)
+    cfg = group_config(cfg, group)
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
-    recipe = recipe_for(cfg)
+    recipe = recipe_for(cfg, group)
     model, device = runtime(cfg, recipe)
     plan = tuple(int(j) for j in msg.content["config"]["layers"])
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in 0..{model.num_blocks-1}")
-    subnet = model.subnetwork(plan)
-    params = recipe.trainables(model, plan)
+    params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
     received = from_record(msg.content["arrays"])
-    if set(received) != set(params):
+    if set(received) != set(loaded):
         raise ValueError(f"server sent {len(received)} tensors, the plan {plan} has "
-                         f"{len(params)} trainable tensors: {sorted(set(received) ^ set(params))[:3]}")
+                         f"{len(loaded)} tensors to load: {sorted(set(received) ^ set(loaded))[:3]}")
     with torch.no_grad():
         for name, value in received.items():
-            params[name].copy_(torch.as_tensor(value))
+            loaded[name].copy_(torch.as_tensor(value))
     round_ = int(msg.content["config"]["server-round"])
     objective = LocalObjective(cfg)  # FedProx / FedDyn term on top of the method's loss
     objective.begin(params, context)
     recipe.begin(params, context)
     fit_started = time.perf_counter()
-    loss = train_local(subnet, list(params.values()), examples, cfg,
-                       seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
-                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
-                       + objective.penalty())
+    loss = recipe.fit(model, plan, params, examples,
+                      seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
+                      loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
+                      + objective.penalty(), server_round=round_)
     fit_seconds = time.perf_counter() - fit_started
     recipe.end(params, context)
     objective.end(params, context)
-    updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()})
+    updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
+                             | recipe.reply())
     metrics = MetricRecord({"num-examples": len(examples), "train-loss": loss,
                             "fit-seconds": fit_seconds,
                             "train-seconds": time.perf_counter() - started,

@@ -13,13 +13,35 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from .adapters import global_name, trainable_parameters
-from .backbones import LayeredModel
+import numpy as np
+
+from .adapters import AdapterSpec, attach_adapters, global_name, initial_state, load_state, \
+    trainable_parameters
+from .backbones import LayeredModel, ModelSpec, build_backbone
+from .training import train_local
 
 
 class ClientRecipe:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, group: int | None = None):
         self.cfg = cfg
+        self.group = group  # model group of the node (None: a single-model run)
+
+    def wire(self, name: str) -> str:
+        """Model parameter name -> global state name (group-specific tensors get the group's
+        ``groups.<g>.`` prefix)."""
+        return name if self.group is None else f"groups.{self.group}.{name}"
+
+    def build(self, spec: ModelSpec) -> LayeredModel:
+        """The node's model: backbone, adapters, the method's extra modules."""
+        return self.extend(attach_adapters(build_backbone(spec), AdapterSpec.from_config(self.cfg)))
+
+    def initial_state(self, model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
+        return {self.wire(n): v for n, v in initial_state(model, seed).items()}
+
+    def load(self, model: LayeredModel, state: dict[str, np.ndarray]) -> None:
+        """Load this model's tensors of the global state (the server's evaluation)."""
+        wired = {self.wire(n): n for n in trainable_parameters(model)}
+        load_state(model, {wired[n]: v for n, v in state.items() if n in wired})
 
     def cache_key(self) -> tuple:
         """What ``extend`` depends on: a node caches one extended model per key."""
@@ -32,10 +54,27 @@ class ClientRecipe:
     def trainables(self, model: LayeredModel, plan) -> dict[str, nn.Parameter]:
         """Global wire name -> parameter, for the tensors a client with ``plan`` trains."""
         subnet = model.subnetwork(plan)
-        return {global_name(n, plan): p for n, p in trainable_parameters(subnet).items()}
+        return {self.wire(global_name(n, plan)): p
+                for n, p in trainable_parameters(subnet).items()}
+
+    def received(self, model: LayeredModel, plan) -> dict[str, nn.Parameter]:
+        """Global name -> parameter, for every tensor the server sends (trained or not)."""
+        return self.trainables(model, plan)
 
     def loss(self, model: LayeredModel, plan, inputs, labels) -> torch.Tensor:
         return nn.functional.cross_entropy(model(inputs, plan), labels)
+
+    def fit(self, model: LayeredModel, plan, params: dict[str, nn.Parameter], examples,
+            seed: int, device, loss_fn, server_round: int) -> float:
+        """Local training; returns the mean training loss. Default: ``train_local`` of the
+        plan's sub-network on ``params`` (FedMD digests first, pFedLoRA trains in two phases)."""
+        return train_local(model.subnetwork(plan), list(params.values()), examples, self.cfg,
+                           seed=seed, device=device, loss_fn=loss_fn)
+
+    def reply(self) -> dict[str, np.ndarray]:
+        """Tensors the client sends back besides the trained ones (FedMD: its class scores on
+        the public set), after ``fit``."""
+        return {}
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
         """Before local training (params hold what the server sent)."""

@@ -19,13 +19,13 @@ import numpy as np
 from .config import ConfigError, parse_int_list
 
 
-def parse_ratio(text: str) -> list[int]:
+def parse_ratio(text: str, key: str = "capacity-ratio") -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(":") if v]
     except ValueError:
         values = []
     if not values or min(values) < 0 or sum(values) == 0:
-        raise ConfigError(f"run-config key 'capacity-ratio' = {text!r}: expected non-negative "
+        raise ConfigError(f"run-config key '{key}' = {text!r}: expected non-negative "
                           "integers separated by ':', e.g. '3:3:2:2'")
     return values
 

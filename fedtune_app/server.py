@@ -10,14 +10,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from .adapters import AdapterSpec, attach_adapters, initial_state, load_state
 from .allocation import check_capacities
-from .backbones import ModelSpec, build_backbone
 from .checkpoint import resume, save_checkpoint
 from .config import ConfigError
 from .data import domain_list, load_data, num_classes_of
 from .frozen_weights import with_checkpoint
-from .methods import STRATEGIES, recipe_for
+from .groups import GroupedEvaluator, build_global, num_groups
+from .methods import recipe_for, strategy_class
 from .results import ResultsWriter
 from .scenarios import check_scenario, client_capacities
 from .strategy import ClientInfo, LayerPlanStrategy, to_record
@@ -53,7 +52,8 @@ def query_nodes(grid: Grid, cfg: dict) -> list[ClientInfo]:
         clients.append(ClientInfo(reply.metadata.src_node_id, int(info["partition-id"]),
                                   int(info["capacity"]), int(info["num-examples"]),
                                   str(info["group"]), tuple(info["label-counts"]),
-                                  int(info.get("checkpoint-bytes", 0))))
+                                  int(info.get("checkpoint-bytes", 0)),
+                                  int(info.get("model-group", 0))))
     if failures:
         raise RuntimeError("nodes failed the start-up query:\n  " + "\n  ".join(failures))
     pids = [c.partition_id for c in clients]
@@ -81,7 +81,7 @@ class GlobalEvaluator:
         self.test, self.domain_names = splits.test, splits.domain_names
 
     def __call__(self, state: dict[str, np.ndarray], plan) -> dict:
-        load_state(self.model, state)
+        self.recipe.load(self.model, state)
         outputs = predict_outputs(self.model, plan, self.test, self.cfg["eval-batch-size"],
                                   self.device, self.cfg["precision"], self.recipe.eval_logits)
         preds, losses = next(iter(outputs.values()))
@@ -111,19 +111,22 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     domains = domain_list(cfg)
     check_scenario(cfg, None if domains is None else len(domains))
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
-    spec = ModelSpec.from_config(model_cfg, num_classes_of(cfg))
-    recipe = recipe_for(cfg)
-    model = recipe.extend(attach_adapters(build_backbone(spec), AdapterSpec.from_config(cfg)))
-    check_capacities(client_capacities(cfg), model.num_blocks)
+    model, recipe = build_global(model_cfg)  # with model groups: one model per group
+    grouped = num_groups(cfg) > 0  # capacities then choose a model, not a number of blocks
+    if not grouped:
+        check_capacities(client_capacities(cfg), model.num_blocks)
     clients = query_nodes(grid, cfg)
     fetches = {c.partition_id: c.checkpoint_bytes for c in clients if c.checkpoint_bytes}
     if fetched or fetches:  # one-time costs, kept apart from the per-round adapter bytes
         log.info("checkpoint fetched once: server %d bytes, nodes %s", fetched, fetches)
-    check_capacities([c.capacity for c in clients], model.num_blocks)  # node-declared ones too
-    strategy: LayerPlanStrategy = STRATEGIES[cfg["method"]](
-        cfg, clients, model.num_blocks, initial_state(model, cfg["seed"]))
+    if not grouped:
+        check_capacities([c.capacity for c in clients], model.num_blocks)  # node-declared too
+    strategy: LayerPlanStrategy = strategy_class(cfg)(
+        cfg, clients, model.num_blocks, recipe.initial_state(model, cfg["seed"]))
+    strategy.attach(model, recipe)
     done_metrics = resume(strategy, cfg) if cfg["resume"] else []
-    evaluator = GlobalEvaluator(model_cfg, model, clients, recipe)
+    evaluator = (GroupedEvaluator if grouped else GlobalEvaluator)(model_cfg, model, clients,
+                                                                   recipe)
     writer = ResultsWriter(cfg, strategy, clients, done_metrics)
     log.info("fedtune: %s on %s, %d clients %s, %d rounds; results in %s", cfg["method"],
              cfg["model"], len(clients), [c.capacity for c in clients],

@@ -37,6 +37,7 @@ class ClientInfo:
     group: str
     label_counts: tuple[int, ...] = ()
     checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch (issue 8)
+    model_group: int = 0  # its model group (issue 6; 0 in a single-model run)
 
 
 @dataclass
@@ -75,7 +76,8 @@ class LayerPlanStrategy(Strategy):
         self.state = dict(initial_state)
         self.rng = np.random.default_rng(cfg["seed"])
         self.history: list[RoundLog] = []
-        self._sent: dict[int, dict[str, np.ndarray]] = {}  # node id -> tensors sent this round
+        # node id -> the tensors sent this round that it must send back
+        self._sent: dict[int, dict[str, np.ndarray]] = {}
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
         self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
@@ -106,9 +108,23 @@ class LayerPlanStrategy(Strategy):
         """Names of the tensors a client with this plan gets: its planned blocks + the head."""
         return names_for_plan(self.state, plan)
 
+    def client_payload(self, client: ClientInfo, plan: Plan) -> list[str]:
+        """Names of the tensors this client gets (model groups: those of its group)."""
+        return self.payload(plan)
+
+    def reply_names(self, client: ClientInfo, names: list[str]) -> list[str]:
+        """Of the tensors sent, those the client trains and sends back (default: all)."""
+        return names
+
     def payload_names(self, entry: RoundLog) -> dict[int, list[str]]:
-        """Partition id -> names of the tensors it was sent."""
-        return {pid: self.payload(plan) for pid, plan in entry.plans.items()}
+        """Partition id -> names of the tensors it trained (sent and returned)."""
+        by_pid = {c.partition_id: c for c in self.clients}
+        return {pid: self.reply_names(by_pid[pid], self.client_payload(by_pid[pid], plan))
+                for pid, plan in entry.plans.items()}
+
+    def attach(self, model, recipe) -> None:
+        """The server's global model(s) and recipe, for a method that computes on the server
+        (FedDF's distillation); the same objects the evaluator uses."""
 
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they
@@ -146,12 +162,13 @@ class LayerPlanStrategy(Strategy):
         self._sent = {}
         messages = []
         for client, plan in zip(clients, plans):
-            payload = {n: self.state[n] for n in self.payload(plan)}
+            payload = {n: self.state[n] for n in self.client_payload(client, plan)}
             record = to_record(payload)
             entry.plans[client.partition_id] = plan
             entry.capacities[client.partition_id] = client.capacity
             entry.bytes_down += record.count_bytes()
-            self._sent[client.node_id] = payload
+            self._sent[client.node_id] = {n: payload[n]
+                                          for n in self.reply_names(client, list(payload))}
             content = RecordDict({"arrays": record, "config": ConfigRecord(
                 {"layers": list(plan), "server-round": server_round})})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,

@@ -6,11 +6,25 @@ from .baselines import AllLarge, AllSmall
 from .depthfl import DepthFL, DepthFLRecipe
 from .fedra import FedRA
 from .inclusivefl import InclusiveFL
+from .feddf import FedDF
+from .fedmd import FedMD, FedMDRecipe
+from .flexifed import FlexiFed
+from .model_groups import GroupAllLarge, GroupAllSmall, Homo
+from .pfedlora import PFedLoRA, PFedLoRARecipe
 
 STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
               "inclusivefl": InclusiveFL, "depthfl": DepthFL}
-RECIPES = {"depthfl": DepthFLRecipe}
+RECIPES = {"depthfl": DepthFLRecipe, "fedmd": FedMDRecipe, "pfedlora": PFedLoRARecipe}
+# runs with model groups (key 'model-groups' set): one backbone per group
+GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo,
+                    "fedmd": FedMD, "feddf": FedDF, "flexifed": FlexiFed, "pfedlora": PFedLoRA}
 
 
-def recipe_for(cfg: dict) -> ClientRecipe:
-    return RECIPES.get(cfg["method"], ClientRecipe)(cfg)
+def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
+    return RECIPES.get(cfg["method"], ClientRecipe)(cfg, group)
+
+
+def strategy_class(cfg: dict):
+    from ..groups import num_groups
+
+    return (GROUP_STRATEGIES if num_groups(cfg) else STRATEGIES)[cfg["method"]]

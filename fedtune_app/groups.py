@@ -1,0 +1,228 @@
+"""Model groups: clients that run different backbones (model heterogeneity, HeteroTune Sec. 3).
+
+A run with ``model-groups`` set has M >= 1 model groups g = 0..M-1, listed smallest model first,
+each with its own backbone (timm name or Hugging Face encoder), constructor arguments and weights
+(``model-group-args`` / ``model-group-sources``, ';'-separated; one entry serves every group):
+
+    model-groups        = "vit_tiny_patch16_224;vit_tiny_patch16_224"
+    model-group-args    = "embed_dim=16,depth=2,...;embed_dim=32,depth=2,..."
+    model-group-sources = "random"
+
+A client's group comes from its partition id (``model-group-assign = ratio``: the groups in
+``model-group-ratio`` proportions, e.g. 3:3:2:2, placed by the same seeded permutation as the
+ratio capacity profile) or from its declared capacity (``capacity``: the largest group whose
+threshold in ``model-group-capacities`` the capacity reaches). AllSmall / AllLarge put every
+client in group 0 / M-1.
+
+Global state names of group-specific tensors carry the prefix ``groups.<g>.``, so the masked
+weighted mean aggregates each group's tensors over that group's clients only, and a method may
+add unprefixed tensors that every group shares (HeteroTune's share-adapters).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from .backbones import ModelSpec
+from .config import ConfigError, parse_int_list
+
+PREFIX = "groups."
+FIXED_GROUP = {"all-small": 0, "all-large": -1}  # methods that put everyone in one group
+
+
+def prefix(group: int) -> str:
+    return f"{PREFIX}{group}."
+
+
+def group_of_name(name: str) -> int | None:
+    """``groups.1.blocks.0.x`` -> 1; a name outside every group (shared) -> None."""
+    if not name.startswith(PREFIX):
+        return None
+    return int(name.split(".", 2)[1])
+
+
+def _entries(cfg: dict, key: str) -> list[str]:
+    return [p.strip() for p in cfg[key].split(";")] if cfg[key].strip() else []
+
+
+def group_specs(cfg: dict) -> list[dict]:
+    """Per group: its values of the keys 'model', 'model-args', 'model-source' ([] = no groups).
+    The number of groups is the longest of the three lists; a one-entry list serves all."""
+    keys = {"model": "model-groups", "model-args": "model-group-args",
+            "model-source": "model-group-sources"}
+    lists = {k: _entries(cfg, key) for k, key in keys.items()}
+    if not lists["model"]:
+        return []
+    count = max(len(v) for v in lists.values())
+    for k, values in lists.items():
+        if len(values) not in (0, 1, count):
+            raise ConfigError(f"run-config key '{keys[k]}' = {cfg[keys[k]]!r} has {len(values)} "
+                              f"entries but another model-group key has {count}; give one per "
+                              "group or one for all, separated by ';'")
+        lists[k] = values * count if len(values) == 1 else values or [cfg[k]] * count
+    return [{k: lists[k][g] for k in keys} for g in range(count)]
+
+
+def num_groups(cfg: dict) -> int:
+    return len(group_specs(cfg))
+
+
+def group_config(cfg: dict, group: int | None) -> dict:
+    """The run config as group ``group``'s nodes see it (its model keys); None: unchanged."""
+    return cfg if group is None else cfg | group_specs(cfg)[group]
+
+
+def group_ratio(cfg: dict) -> list[int]:
+    from .scenarios import parse_ratio
+
+    m = num_groups(cfg)
+    if not cfg["model-group-ratio"]:
+        return [1] * m
+    ratio = parse_ratio(cfg["model-group-ratio"], key="model-group-ratio")
+    if len(ratio) != m:
+        raise ConfigError(f"run-config key 'model-group-ratio' = {cfg['model-group-ratio']!r} has "
+                          f"{len(ratio)} parts but 'model-groups' lists {m} groups")
+    return ratio
+
+
+def group_thresholds(cfg: dict) -> list[int]:
+    m = num_groups(cfg)
+    values = parse_int_list("model-group-capacities", cfg["model-group-capacities"])
+    if len(values) != m or values != sorted(values):
+        raise ConfigError(f"run-config key 'model-group-capacities' = "
+                          f"{cfg['model-group-capacities']!r}: expected {m} ascending capacities, "
+                          "one per model group")
+    return values
+
+
+def node_model_group(cfg: dict, partition_id: int, num_partitions: int,
+                     capacity: int) -> int | None:
+    """The model group of a node (None: a single-model run)."""
+    m = num_groups(cfg)
+    if not m:
+        return None
+    if cfg["method"] in FIXED_GROUP:
+        return FIXED_GROUP[cfg["method"]] % m
+    if cfg["model-group-assign"] == "capacity":
+        fits = [g for g, t in enumerate(group_thresholds(cfg)) if t <= capacity]
+        if not fits:
+            raise ConfigError(f"client {partition_id} has capacity {capacity}, below every "
+                              f"threshold of run-config key 'model-group-capacities' = "
+                              f"{cfg['model-group-capacities']!r}")
+        return fits[-1]
+    from .scenarios import _ratio_capacities
+
+    groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(cfg)), num_partitions,
+                               cfg["seed"])
+    return groups[partition_id]
+
+
+def check_groups(cfg: dict, group_methods) -> None:
+    """Model-group keys agree with each other and with the method (before any training)."""
+    specs = group_specs(cfg)
+    if not specs:
+        if cfg["method"] in group_methods and cfg["method"] not in FIXED_GROUP:
+            raise ConfigError(f"run-config key 'method' = {cfg['method']!r} needs model groups: "
+                              "set 'model-groups' (e.g. two timm models separated by ';')")
+        return
+    if cfg["method"] not in group_methods:
+        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} does not run over model "
+                          f"groups ('model-groups' is set); allowed: {', '.join(group_methods)}")
+    if cfg["model-group-assign"] == "capacity":
+        group_thresholds(cfg)
+    else:
+        group_ratio(cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def _depth(spec: ModelSpec) -> int:
+    from .backbones import _build
+
+    with torch.device("meta"):  # architecture only: no weights are read or initialised
+        return _build(replace(spec, source="random")).num_blocks
+
+
+def group_depths(cfg: dict) -> list[int]:
+    """Blocks of each group's backbone."""
+    return [_depth(ModelSpec.from_config(group_config(cfg, g), 2)) for g in range(num_groups(cfg))]
+
+
+class GroupedModel(nn.Module):
+    """The server's global models, one per group (``groups.<g>.`` in parameter names)."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        self.groups = nn.ModuleList(models)
+
+    @property
+    def num_blocks(self) -> int:
+        return max(m.num_blocks for m in self.groups)
+
+
+class GroupedRecipe:
+    """The per-group client recipes seen from the server: initial state of all groups."""
+
+    def __init__(self, recipes: list):
+        self.recipes = recipes
+
+    def initial_state(self, model: GroupedModel, seed: int) -> dict[str, np.ndarray]:
+        state = {}
+        for recipe, sub in zip(self.recipes, model.groups):
+            state |= recipe.initial_state(sub, seed)  # shared names: the same from every group
+        return state
+
+
+def build_global(cfg: dict):
+    """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
+    from .data import num_classes_of
+    from .methods import recipe_for
+
+    specs = group_specs(cfg)
+    if not specs:
+        recipe = recipe_for(cfg)
+        return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
+    recipes = [recipe_for(cfg, g) for g in range(len(specs))]
+    models = [r.build(ModelSpec.from_config(group_config(cfg, g), num_classes_of(cfg)))
+              for g, r in enumerate(recipes)]
+    return GroupedModel(models), GroupedRecipe(recipes)
+
+
+def parameter_counts(model: nn.Module, trainable: dict) -> dict[str, int]:
+    """Table 2: parameters of the whole model (what FedAvg would train and send) and of the
+    tensors a client trains and sends."""
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return {"model-params": int(total),
+            "trainable-params": int(sum(np.prod(np.shape(v)) for v in trainable.values()))}
+
+
+class GroupedEvaluator:
+    """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
+    have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
+    are listed smallest first) and ``accuracy-per-model-group``."""
+
+    def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
+        from .server import GlobalEvaluator
+
+        used = sorted({c.model_group for c in clients})
+        self.evaluators = {g: GlobalEvaluator(group_config(cfg, g), model.groups[g],
+                                              [c for c in clients if c.model_group == g],
+                                              recipe.recipes[g]) for g in used}
+
+    def __call__(self, state, plan) -> dict:
+        per = {g: ev(state, tuple(range(ev.model.num_blocks)))
+               for g, ev in self.evaluators.items()}
+        first, last = min(per), max(per)
+        acc = {str(g): m["accuracy"] for g, m in per.items()}
+        return {"accuracy": float(np.mean(list(acc.values()))),
+                "loss": float(np.mean([m["loss"] for m in per.values()])),
+                "accuracy-smallest": per[first]["accuracy"],
+                "accuracy-largest": per[last]["accuracy"],
+                "accuracy-per-model-group": acc,
+                "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
+                                       for k, v in m["accuracy-per-group"].items()},
+                "accuracy-per-class": per[last]["accuracy-per-class"]}

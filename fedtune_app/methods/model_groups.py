@@ -1,0 +1,49 @@
+"""Baselines over model groups (HeteroTune Sec. 4.1, Tables 1, 3, 5).
+
+Every client trains its whole model's adapters and head; tensors are named per group
+(``groups.<g>.blocks.3.mlp.fc2.lora_A.weight``), so the masked example-weighted mean is a FedAvg
+within each group and nothing crosses groups.
+
+  * Homo-training (``homo``): each group of clients trains its own model alone (its own FedAvg);
+    each group's global model is evaluated.
+  * AllSmall (``all-small``): every client runs the smallest group's model (group 0).
+  * AllLarge (``all-large``): every client runs the largest group's model (the last group), the
+    ceiling no real federation of weak devices could reach.
+
+The node side puts a client in its group (``groups.node_model_group``); here the server only
+sends each client the tensors of its own group.
+"""
+
+from __future__ import annotations
+
+from ..groups import group_depths, prefix
+from ..strategy import LayerPlanStrategy
+
+
+class GroupStrategy(LayerPlanStrategy):
+    """Base of the methods over model groups: each client holds its group's whole model."""
+
+    name = "model-groups"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        self.depths = group_depths(cfg)
+
+    def plan_round(self, server_round, clients):
+        return [tuple(range(self.depths[c.model_group])) for c in clients]
+
+    def client_payload(self, client, plan):
+        own = prefix(client.model_group)
+        return [n for n in self.state if n.startswith(own)]
+
+
+class Homo(GroupStrategy):
+    name = "homo"
+
+
+class GroupAllSmall(GroupStrategy):
+    name = "all-small"
+
+
+class GroupAllLarge(GroupStrategy):
+    name = "all-large"
