@@ -1,7 +1,9 @@
 """FedMD, FedDF, FlexiFed, pFedLoRA: the public set, the distillation and aggregation steps by
 hand, and (with model groups) two rounds end to end."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,3 +186,184 @@ def test_pfedlora_shares_homogeneous_adapters_by_relative_depth():
     np.testing.assert_allclose(new["groups.0.blocks.0.fc.lora_A.weight"], [[5]])  # own group
     np.testing.assert_allclose(new["groups.1.blocks.0.fc.lora_A.weight"], [[7]])
     np.testing.assert_array_equal(new["groups.1.blocks.2.fc.lora_A.weight"], [[0]])  # not sent
+
+
+# -- over model groups: server steps on real models, two rounds end to end ---------------------
+
+VIT = "img_size=8,patch_size=2,in_chans=1,num_heads=2"
+# two groups of tiny random-init ViTs: widths 16 / 32, depths 2 / 3 (as the model-groups tests)
+TWO_GROUPS = {"preset": "smoke", "model-groups": "vit_tiny_patch16_224",
+              "model-group-args": f"{VIT},embed_dim=16,depth=2;{VIT},embed_dim=32,depth=3",
+              "model-group-sources": "random", "capacities": "1,1,1,1",
+              "model-group-ratio": "1:1", "num-server-rounds": 2}
+SAME_WIDTH = TWO_GROUPS | {
+    "model-group-args": f"{VIT},embed_dim=16,depth=2;{VIT},embed_dim=16,depth=3"}
+
+
+def run_recording(keys, tmp_path):
+    """Run in process; returns (results folder, train messages sent, replies per round)."""
+    from client_app import app as client_app
+    from fedtune_app.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.scenarios import num_clients
+    from fedtune_app.server import run_federation
+    from fedtune_app.strategy import from_record
+
+    rc = {**keys, "results-dir": str(tmp_path)}
+    cfg = resolve_config(rc)
+    replies = {}
+
+    def record(msg, reply):
+        if msg.metadata.message_type == "train":
+            round_ = int(msg.content["config"]["server-round"])
+            replies.setdefault(round_, []).append(
+                (from_record(reply.content["arrays"]), int(reply.content["metrics"]["num-examples"])))
+        return reply
+
+    n = num_clients(cfg)
+    grid = InProcessGrid(client_app, simulation_nodes(n), rc, faults={i: record for i in range(n)})
+    folder = Path(run_federation(grid, cfg))
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    return folder, train, replies, cfg
+
+
+def results(folder):
+    from safetensors.numpy import load_file
+
+    return (json.loads((folder / "metrics.json").read_text()),
+            load_file(str(folder / "state.safetensors")))
+
+
+def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
+    from fedtune_app.methods.fedmd import CONSENSUS
+
+    folder, train, replies, cfg = run_recording({**TWO_GROUPS, "method": "fedmd"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    public = public_split(cfg, load_data(cfg))[1]
+    shape = (len(public), 10)
+    round1 = [t[CONSENSUS] for t, _ in replies[1]]
+    assert all(s.shape == shape for s in round1) and len(round1) == 4
+    # round 2 sends every client the plain mean of the round-1 scores
+    sent2 = [from_message(m)[CONSENSUS] for m in train
+             if int(m.content["config"]["server-round"]) == 2]
+    for sent in sent2:
+        np.testing.assert_allclose(sent, np.mean(round1, axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state[CONSENSUS], np.mean([t[CONSENSUS] for t, _ in replies[2]],
+                                                         axis=0), rtol=1e-5, atol=1e-6)
+    # honest bytes: each message carries the P x C scores besides the group's tensors
+    scores_bytes = 4 * shape[0] * shape[1]
+    params = {p: n for p, n in metrics[0]["trainable-params"].items()}
+    assert metrics[0]["bytes-down"] >= sum(4 * n + scores_bytes for n in params.values())
+    assert metrics[0]["bytes-up"] >= sum(4 * n + scores_bytes for n in params.values())
+    assert metrics[0]["bytes-down"] < sum(4 * n + scores_bytes for n in params.values()) + 8000
+    assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
+
+
+def from_message(msg):
+    from fedtune_app.strategy import from_record
+
+    return from_record(msg.content["arrays"])
+
+
+def test_flexifed_two_rounds_shares_the_common_prefix_only(tmp_path):
+    folder, _, replies, _ = run_recording({**SAME_WIDTH, "method": "flexifed"}, tmp_path)
+    metrics, state = results(folder)
+    assert not any(m["rejected"] for m in metrics)
+    blocks01 = [n for n in state if n.startswith("groups.0.blocks.")]
+    assert blocks01 and all(n.split(".")[3] in "01" for n in blocks01)
+    for name in blocks01:  # blocks 0-1: one value for both groups, the mean over all 4 clients
+        twin = name.replace("groups.0.", "groups.1.", 1)
+        np.testing.assert_array_equal(state[name], state[twin])
+        sent = [(t[n], k) for t, k in replies[2] for n in (name, twin) if n in t]
+        assert len(sent) == 4
+        mean = sum(v.astype(np.float64) * k for v, k in sent) / sum(k for _, k in sent)
+        np.testing.assert_allclose(state[name], mean, rtol=1e-5, atol=1e-7)
+    # the heads follow different depths: each the mean of its own group's clients
+    head0 = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
+    assert len(head0) == 2
+    np.testing.assert_allclose(state["groups.0.head.weight"],
+                               sum(v * k for v, k in head0) / sum(k for _, k in head0),
+                               rtol=1e-5, atol=1e-7)
+    assert not np.allclose(state["groups.0.head.weight"][:, :16], state["groups.1.head.weight"])
+
+
+def test_pfedlora_two_rounds_homogeneous_adapters_shared_across_widths(tmp_path):
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "pfedlora"}, tmp_path)
+    metrics, state = results(folder)
+    assert not any(m["rejected"] for m in metrics)
+    core = "mlp.fc2.lora_C.weight"
+    # K = 2 positions: group 0 blocks 0, 1 -> 0, 1; group 1 blocks 0, 1 -> 0 and block 2 -> 1
+    np.testing.assert_array_equal(state[f"groups.0.blocks.0.{core}"],
+                                  state[f"groups.1.blocks.0.{core}"])
+    np.testing.assert_array_equal(state[f"groups.1.blocks.1.{core}"],
+                                  state[f"groups.1.blocks.0.{core}"])
+    np.testing.assert_array_equal(state[f"groups.0.blocks.1.{core}"],
+                                  state[f"groups.1.blocks.2.{core}"])
+    assert state[f"groups.0.blocks.0.{core}"].shape == (8, 8)
+    assert not np.allclose(state[f"groups.0.blocks.0.{core}"], np.eye(8))  # trained, from I
+    assert state["groups.0.blocks.0.mlp.fc2.lora_A.weight"].shape == (8, 64)  # own width
+    assert state["groups.1.blocks.0.mlp.fc2.lora_A.weight"].shape == (8, 128)
+    # per client: A, C, B of each block + head
+    per_group = {0: 2 * (8 * 64 + 64 + 16 * 8) + 16 * 10 + 10,
+                 1: 3 * (8 * 128 + 64 + 32 * 8) + 32 * 10 + 10}
+    assert sorted(set(metrics[0]["trainable-params"].values())) == sorted(per_group.values())
+
+
+def test_feddf_server_distillation_on_real_group_models():
+    from fedtune_app.groups import build_global
+    from fedtune_app.methods.feddf import FedDF
+    from fedtune_app.strategy import ClientInfo, RoundLog
+
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2})
+    model, recipe = build_global(cfg)
+    state = recipe.initial_state(model, 0)
+    clients = [ClientInfo(10 + i, i, 1, 10 * (i + 1), f"c{i}", model_group=g)
+               for i, g in enumerate([0, 0, 1])]
+    rng = np.random.default_rng(1)
+    updates = [ClientUpdate(str(c.partition_id),
+                            {n: (v + rng.normal(0, 0.3, v.shape)).astype(np.float32)
+                             for n, v in state.items() if n.startswith(f"groups.{c.model_group}.")},
+                            c.num_examples) for c in clients]
+    mean = masked_weighted_mean(state, updates)
+
+    def aggregate(**keys):
+        strategy = FedDF(cfg | keys, clients, 3, state)
+        strategy.attach(model, recipe)
+        strategy.history.append(RoundLog(1))
+        return strategy.aggregate(updates), strategy.public
+
+    same, public = aggregate(**{"distill-lr": 0.0})  # no step: FedDF's fusion start, x_g
+    assert all(np.array_equal(same[n], mean[n]) for n in state)
+    # the teacher: the mean of the three client models' logits on the public set
+    from fedtune_app.distill import scores_on
+
+    device = torch.device("cpu")
+    logits = []
+    for c, u in zip(clients, updates):
+        recipe.recipes[c.model_group].load(model.groups[c.model_group], mean | u.tensors)
+        plan = tuple(range(model.groups[c.model_group].num_blocks))
+        logits.append(scores_on(model.groups[c.model_group], plan, public, 64, device))
+    teacher = torch.as_tensor(np.mean(logits, axis=0))
+
+    def distance(s, g):  # KL(teacher || group g's model) on the public set
+        recipe.recipes[g].load(model.groups[g], s)
+        plan = tuple(range(model.groups[g].num_blocks))
+        z = torch.as_tensor(scores_on(model.groups[g], plan, public, 64, device))
+        return kd_loss(z, teacher, 1.0).item()
+
+    new, _ = aggregate(**{"distill-lr": 0.05})
+    for g in (0, 1):
+        assert distance(new, g) < distance(mean, g)  # distilled towards the ensemble
+        assert any(not np.array_equal(new[n], mean[n]) for n in state
+                   if n.startswith(f"groups.{g}."))
+
+
+def test_feddf_two_rounds_end_to_end(tmp_path):
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
+    # the state is the distilled one, not the plain group mean of the last replies
+    head = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
+    mean = sum(v.astype(np.float64) * k for v, k in head) / sum(k for _, k in head)
+    assert not np.allclose(state["groups.0.head.weight"], mean)

@@ -77,6 +77,11 @@ class FedMD(GroupStrategy):
     def client_payload(self, client, plan):
         return super().client_payload(client, plan) + [CONSENSUS]
 
+    def payload_names(self, entry):
+        """Trained tensors only: the scores travel (bytes) but are no parameters."""
+        return {pid: [n for n in names if n != CONSENSUS]
+                for pid, names in super().payload_names(entry).items()}
+
     def aggregate(self, updates):
         params = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items() if n != CONSENSUS},
                                u.num_examples) for u in updates]
