@@ -18,10 +18,10 @@ from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "homo",
+METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "homo", "heterotune",
            "fedmd", "feddf", "flexifed", "pfedlora")
 # Named in the design contract, built in later issues: a clear "not yet" instead of "unknown".
-PLANNED_METHODS = ("fedbrick", "heterotune")
+PLANNED_METHODS = ("fedbrick",)
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,12 @@ KEYS: dict[str, Key] = {
                              "equal shares)"),
     "model-group-capacities": Key("", "smallest capacity each model group needs, ascending, "
                                   "comma separated (model-group-assign = capacity)"),
+    "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
+                          "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
+                          "(0 = off); rank r = key 'lora-r'", minimum=0),
+    "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
+                                      "L-block model uses position floor(j*P/L) (0 = the "
+                                      "smallest depth among the model groups)", minimum=0),
     # issue 7: comparators (FedProx/FedDyn local objectives; FedMD, FedDF, FlexiFed, pFedLoRA)
     "local-objective": Key("plain", "term added to every client's local loss against drift: "
                            "none, FedProx's proximal term, or FedDyn's dynamic regulariser "

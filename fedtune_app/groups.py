@@ -192,23 +192,34 @@ def build_global(cfg: dict):
     return GroupedModel(models), GroupedRecipe(recipes)
 
 
-def parameter_counts(model: nn.Module, trainable: dict) -> dict[str, int]:
-    """Table 2: parameters of the whole model (what FedAvg would train and send) and of the
-    tensors a client trains and sends."""
-    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return {"model-params": int(total),
-            "trainable-params": int(sum(np.prod(np.shape(v)) for v in trainable.values()))}
+def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
+    """Table 2 for one group's model: the parameters full fine-tuning would train and send (the
+    backbone with its head, without any adapter), those a client of the method trains and sends
+    back, those it receives each round, and the reduction 1 - trained / full in %."""
+    from .adapters import trainable_parameters
+
+    plan = tuple(range(model.num_blocks))
+    size = lambda params: int(sum(p.numel() for p in params))  # noqa: E731
+    adapters = {id(p) for n, p in trainable_parameters(model).items() if not n.startswith("head.")}
+    full = size(p for p in model.parameters() if id(p) not in adapters)
+    trained = size(recipe.trainables(model, plan).values())
+    return {"model-params": full, "trainable-params": trained,
+            "received-params": size(recipe.received(model, plan).values()),
+            "reduction-%": 100.0 * (1 - trained / full)}
 
 
 class GroupedEvaluator:
     """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
     have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
-    are listed smallest first) and ``accuracy-per-model-group``."""
+    are listed smallest first), ``accuracy-per-model-group``, and every group's Table-2
+    parameter counts (``params-per-model-group``). ``accuracy-per-class``: the largest group's."""
 
     def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
         from .server import GlobalEvaluator
 
         used = sorted({c.model_group for c in clients})
+        self.counts = {str(g): parameter_counts(m, r)
+                       for g, (m, r) in enumerate(zip(model.groups, recipe.recipes))}
         self.evaluators = {g: GlobalEvaluator(group_config(cfg, g), model.groups[g],
                                               [c for c in clients if c.model_group == g],
                                               recipe.recipes[g]) for g in used}
@@ -225,4 +236,5 @@ class GroupedEvaluator:
                 "accuracy-per-model-group": acc,
                 "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
                                        for k, v in m["accuracy-per-group"].items()},
-                "accuracy-per-class": per[last]["accuracy-per-class"]}
+                "accuracy-per-class": per[last]["accuracy-per-class"],
+                "params-per-model-group": self.counts}

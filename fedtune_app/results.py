@@ -90,7 +90,7 @@ class ResultsWriter:
         from safetensors.numpy import save_file
 
         write_json(self.folder / "allocation.json", self.strategy.allocation_matrices())
-        save_file({k: np.ascontiguousarray(v) for k, v in self.strategy.state.items()},
+        save_file({k: np.ascontiguousarray(v) for k, v in self.strategy.export_state().items()},
                   str(self.folder / "state.safetensors"))
         plot_accuracy(self.metrics, self.folder / "accuracy.png", self.cfg["method"])
         plot_partition(self.strategy.clients, self.strategy.history,

@@ -122,6 +122,10 @@ class LayerPlanStrategy(Strategy):
         return {pid: self.reply_names(by_pid[pid], self.client_payload(by_pid[pid], plan))
                 for pid, plan in entry.plans.items()}
 
+    def export_state(self) -> dict[str, np.ndarray]:
+        """The global model as saved in the results folder (HeteroTune: fused, Eq. 6)."""
+        return self.state
+
     def attach(self, model, recipe) -> None:
         """The server's global model(s) and recipe, for a method that computes on the server
         (FedDF's distillation); the same objects the evaluator uses."""

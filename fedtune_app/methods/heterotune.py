@@ -1,0 +1,249 @@
+"""HeteroTune: FedAdapter with multi-branch cross-model aggregation (seed paper, Sec. 3).
+
+Clients fall into M model groups (different backbones: width and/or depth, ``groups.py``).
+Every block's adapted Linear (``adapter-modules``, default the block's last FC) of group g's
+model (width d_g) carries a FedAdapter on its output y:
+
+  local-adapter (group g's own):  W_d in R^{d_g x r}, W_u in R^{r x d_g}
+  share-adapter, one branch per model group i = 1..M:  S_d^i, S_u^i in R^{r x r}
+  branch weights (learnable scalars, group g's own):  a_1..a_M
+  Eq. 5:  y -> y + h(y W_d sum_i a_i S_d^i) (sum_i a_i S_u^i) W_u ,  h = GELU, r = ``lora-r``
+  Eq. 6 (inference):  A' = W_d sum_i a_i S_d^i,  B' = (sum_i a_i S_u^i) W_u,
+                      y -> y + h(y A') B'   (the same function; evaluated and saved fused)
+
+Algorithm 1, per round:
+  1. client k of group g receives its group's local-adapters, branch weights and head
+     (``groups.<g>.*``) and ALL M share-adapter branches (``share.adapter.<p>.<i>.*``);
+  2. it trains its local-adapters, branch weights, head and its OWN branch S^g (the other
+     M-1 branches are frozen) on CE + lambda/2 * sum ||S^g - S^g_received||^2, and sends back
+     only what it trained;
+  3. server, grouped aggregation: each group's local-adapters, branch weights and head are the
+     example-weighted FedAvg over that group's clients (line 12);
+  4. server, knowledge sharing: every share-adapter is the example-weighted FedAvg over ALL
+     clients (line 16); a client that held branch i frozen counts with the value it received,
+     so it need not upload it: S^i <- S^i + (N_i / N) * (FedAvg update of group i's clients).
+
+Choices the paper leaves open, made here:
+  * h = GELU; no biases (so Eq. 6 is exact). The same scalar a_i weights branch i's down and up
+    matrix. Init: S_d^i = S_u^i = I_r and a_i = 1/M (so sum_i a_i S^i = I_r and the FedAdapter
+    starts as a plain bottleneck adapter), W_d Kaiming-uniform, W_u = 0 (the model starts as the
+    pretrained one), head N(0, 0.02).
+  * Regularisation: a proximal L2 term on the client's own share branch, lambda/2 ||S - S_recv||^2
+    (``heterotune-reg``, 0 = off): it keeps the shared knowledge close to the consensus instead
+    of fitting one client's model (the paper only says the share-adapter is "constrained").
+  * Depth mapping: the share-adapters sit at P positions (``heterotune-share-positions``; 0 = the
+    smallest depth among the groups); block j of a model with L blocks uses position
+    floor(j * P / L) (relative depth), so equal depths map block to block and a 24-block model
+    maps two blocks onto each position of a 12-block one (they then share that branch).
+  * The branch weights are part of a group's local state (FedAvg within the group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..adapters import resolve_modules, trainable_parameters
+from ..aggregation import ClientUpdate, masked_weighted_mean
+from ..backbones import build_backbone
+from ..groups import group_depths, num_groups, prefix
+from ..recipes import ClientRecipe
+from .model_groups import GroupStrategy
+
+SHARE = "share.adapter."
+
+
+def share_positions(cfg: dict) -> int:
+    return cfg["heterotune-share-positions"] or min(group_depths(cfg))
+
+
+def position(block: int, depth: int, positions: int) -> int:
+    """Share-adapter position of block ``block`` of a ``depth``-block model (relative depth)."""
+    return block * positions // depth
+
+
+def mix(branches: list[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """sum_i a_i S^i."""
+    return sum(w * s for w, s in zip(weights, branches))
+
+
+class ShareBank(nn.Module):
+    """The share-adapters of all positions and branches: ``share.adapter.<p>.<i>.down/up``."""
+
+    def __init__(self, positions: int, groups: int, r: int):
+        super().__init__()
+        self.adapter = nn.ModuleDict({str(p): nn.ModuleDict({
+            str(i): nn.ParameterDict({"down": nn.Parameter(torch.eye(r)),
+                                      "up": nn.Parameter(torch.eye(r))})
+            for i in range(groups)}) for p in range(positions)})
+
+    def branches(self, p: int, which: str) -> list[torch.Tensor]:
+        return [branch[which] for branch in self.adapter[str(p)].values()]
+
+
+class FedAdapter(nn.Module):
+    """A Linear followed by Eq. 5 on its output (Eq. 6 when ``fused`` is on)."""
+
+    fused = False  # set by ``fused_inference``
+
+    def __init__(self, base: nn.Linear, r: int, groups: int, bank: ShareBank, pos: int):
+        super().__init__()
+        d = base.out_features
+        self.base = base
+        self.adapter = nn.ParameterDict({"down": nn.Parameter(torch.zeros(d, r)),
+                                         "up": nn.Parameter(torch.zeros(r, d)),
+                                         "branch": nn.Parameter(torch.full((groups,), 1 / groups))})
+        self.__dict__["bank"] = bank  # the model's own, registered once at ``model.share``
+        self.pos = pos
+
+    def shared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.adapter["branch"]
+        return (mix(self.bank.branches(self.pos, "down"), a),
+                mix(self.bank.branches(self.pos, "up"), a))
+
+    def fused_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 6: A' = W_d sum_i a_i S_d^i, B' = (sum_i a_i S_u^i) W_u."""
+        s_down, s_up = self.shared()
+        return self.adapter["down"] @ s_down, s_up @ self.adapter["up"]
+
+    def forward(self, x):
+        y = self.base(x)
+        if self.fused:
+            a, b = self.fused_matrices()
+            return y + nn.functional.gelu(y @ a) @ b
+        s_down, s_up = self.shared()
+        hidden = nn.functional.gelu((y @ self.adapter["down"]) @ s_down)
+        return y + (hidden @ s_up) @ self.adapter["up"]
+
+
+@contextlib.contextmanager
+def fused_inference(model: nn.Module):
+    adapters = [m for m in model.modules() if isinstance(m, FedAdapter)]
+    for m in adapters:
+        m.fused = True
+    try:
+        yield
+    finally:
+        for m in adapters:
+            m.fused = False
+
+
+def attach_fedadapters(model, cfg: dict, group: int):
+    """FedAdapters on every block's ``adapter-modules`` (in place); trainable: the local
+    adapters, branch weights, head and share branch ``group``."""
+    m, r, positions = num_groups(cfg), cfg["lora-r"], share_positions(cfg)
+    modules = resolve_modules(model, cfg["adapter-modules"])
+    model.share = ShareBank(positions, m, r)
+    for j, block in enumerate(model.blocks):
+        for name in modules:
+            parent_name, _, leaf = name.rpartition(".")
+            parent = block.get_submodule(parent_name) if parent_name else block
+            pos = position(j, model.num_blocks, positions)
+            setattr(parent, leaf, FedAdapter(getattr(parent, leaf), r, m, model.share, pos))
+    model.requires_grad_(False)
+    for name, param in model.named_parameters():
+        shared = name.startswith(SHARE)
+        if (shared and name.split(".")[3] == str(group)) or \
+                (not shared and (".adapter." in name or name.startswith("head."))):
+            param.requires_grad_(True)
+    return model
+
+
+class HeteroTuneRecipe(ClientRecipe):
+    def wire(self, name):
+        return name if name.startswith(SHARE) else super().wire(name)
+
+    def build(self, spec):
+        return attach_fedadapters(build_backbone(spec), self.cfg, self.group)
+
+    def initial_state(self, model, seed):
+        """Seeded, the same on every node; share-adapters do not depend on the group."""
+        gen = torch.Generator().manual_seed(seed)
+        state = {}
+        for name, param in sorted(trainable_parameters(model).items()):
+            t = param.detach().cpu().clone()  # identity shares, 1/M branch weights
+            if name.endswith(".adapter.down"):
+                bound = 1.0 / math.sqrt(param.shape[0])
+                t = torch.empty(param.shape).uniform_(-bound, bound, generator=gen)
+            elif name.endswith(".adapter.up"):
+                t.zero_()
+            elif name == "head.weight":
+                t = torch.empty(param.shape).normal_(0.0, 0.02, generator=gen)
+            elif name.startswith("head."):
+                t.zero_()
+            state[self.wire(name)] = t.numpy()
+        return state
+
+    def received(self, model, plan):
+        return {self.wire(n): p for n, p in trainable_parameters(model).items()}
+
+    def trainables(self, model, plan):
+        return {n: p for n, p in self.received(model, plan).items() if p.requires_grad}
+
+    def begin(self, params, context):
+        self._shares = {n: (p, p.detach().clone()) for n, p in params.items()
+                        if n.startswith(SHARE)}
+
+    def loss(self, model, plan, inputs, labels):
+        loss = nn.functional.cross_entropy(model(inputs, plan), labels)
+        lam = self.cfg["heterotune-reg"]
+        if lam:
+            loss = loss + lam / 2 * sum((p - p0).pow(2).sum() for p, p0 in self._shares.values())
+        return loss
+
+    def eval_logits(self, model, plan, inputs):
+        with fused_inference(model):
+            return {"": model(inputs, plan)}
+
+
+def fuse_state(state: dict[str, np.ndarray], depths: list[int],
+               positions: int) -> dict[str, np.ndarray]:
+    """The saved global model, Eq. 6: per group, each FedAdapter's A' and B' (``...adapter.A``,
+    ``...adapter.B``) and the head; no share-adapters or branch weights remain."""
+    out = {}
+    for name, value in state.items():
+        if name.startswith(SHARE) or name.endswith(".adapter.up") or \
+                name.endswith(".adapter.branch"):
+            continue
+        if not name.endswith(".adapter.down"):
+            out[name] = value
+            continue
+        base = name.removesuffix("down")
+        g, j = int(name.split(".")[1]), int(name.split(".")[3])
+        p, a = position(j, depths[g], positions), state[base + "branch"]
+        s = {w: sum(a[i] * state[f"{SHARE}{p}.{i}.{w}"] for i in range(len(a)))
+             for w in ("down", "up")}
+        out[base + "A"] = value @ s["down"]
+        out[base + "B"] = s["up"] @ state[base + "up"]
+    return out
+
+
+class HeteroTune(GroupStrategy):
+    name = "heterotune"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        self.shared = sorted(n for n in self.state if n.startswith(SHARE))
+        self.group_of = {str(c.partition_id): c.model_group for c in self.clients}
+
+    def client_payload(self, client, plan):
+        return super().client_payload(client, plan) + self.shared
+
+    def reply_names(self, client, names):
+        own = prefix(client.model_group)
+        return [n for n in names if n.startswith(own)
+                or (n.startswith(SHARE) and n.split(".")[3] == str(client.model_group))]
+
+    def aggregate(self, updates):
+        # Alg. 1 line 16 averages each share-adapter over all clients: a frozen branch counts
+        # with the value the client received (this round's state), as if it had been sent back
+        full = [ClientUpdate(u.client, {n: self.state[n] for n in self.shared} | u.tensors,
+                             u.num_examples) for u in updates]
+        return masked_weighted_mean(self.state, full)
+
+    def export_state(self):
+        return fuse_state(self.state, self.depths, share_positions(self.cfg))
