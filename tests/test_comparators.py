@@ -215,8 +215,8 @@ def run_recording(keys, tmp_path):
     def record(msg, reply):
         if msg.metadata.message_type == "train":
             round_ = int(msg.content["config"]["server-round"])
-            replies.setdefault(round_, []).append(
-                (from_record(reply.content["arrays"]), int(reply.content["metrics"]["num-examples"])))
+            examples = int(reply.content["metrics"]["num-examples"])
+            replies.setdefault(round_, []).append((from_record(reply.content["arrays"]), examples))
         return reply
 
     n = num_clients(cfg)
