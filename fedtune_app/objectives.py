@@ -32,6 +32,9 @@ from .aggregation import ClientUpdate
 from .config import ConfigError
 
 
+NO_FEDDYN_SERVER_STEP = ("heterotune",)  # methods whose aggregate skips ``server_objective``
+
+
 def objective_of(cfg: dict) -> tuple[str, float]:
     """(kind, coefficient) of this run's local objective: (plain, 0), (fedprox, mu) or
     (feddyn, alpha). DepthFL trains with FedDyn by default (``depthfl-optimizer``); with
@@ -44,6 +47,10 @@ def objective_of(cfg: dict) -> tuple[str, float]:
                               "'depthfl-optimizer' = 'fedavg' to use 'local-objective', or "
                               "'local-objective' = 'plain'")
         return "feddyn", cfg["depthfl-feddyn-alpha"]
+    if kind == "feddyn" and cfg["method"] in NO_FEDDYN_SERVER_STEP:
+        raise ConfigError(f"run-config key 'local-objective' = 'feddyn' is not available with "
+                          f"method {cfg['method']!r} (its aggregation has no FedDyn server "
+                          "step); allowed there: plain, fedprox")
     return kind, {"plain": 0.0, "fedprox": cfg["fedprox-mu"], "feddyn": cfg["feddyn-alpha"]}[kind]
 
 

@@ -144,6 +144,10 @@ def test_depthfl_keys_and_contradiction():
         objective_of(cfg(method="depthfl", **{"local-objective": "fedprox"}))
     with pytest.raises(ConfigError, match="allowed: plain, fedprox, feddyn"):
         cfg(**{"local-objective": "scaffold"})
+    heterotune = {"method": "heterotune", "local-objective": "feddyn",
+                  "model-groups": "vit_tiny_patch16_224", "model-group-args": "depth=2;depth=3"}
+    with pytest.raises(ConfigError, match="not available with method 'heterotune'"):
+        objective_of(cfg(**heterotune))
 
 
 def test_fedra_with_feddyn_end_to_end(tmp_path):
