@@ -56,3 +56,23 @@ def masked_weighted_mean(state: dict[str, np.ndarray],
     for name, total in sums.items():
         new_state[name] = (total / weights[name]).astype(state[name].dtype)
     return new_state
+
+
+def keyed_weighted_mean(state: dict[str, np.ndarray], updates: list[ClientUpdate],
+                        keys: dict[str, str]) -> dict[str, np.ndarray]:
+    """``masked_weighted_mean`` where tensors with the same key share one value: the weighted
+    mean of every tensor of that key that was sent (by any client, under any of its names),
+    written to all names of the key; a key nobody sent keeps its values. With keys = names it
+    is ``masked_weighted_mean``. (FlexiFed's common layers, pFedLoRA's shared adapters.)"""
+    sums: dict[str, np.ndarray] = {}
+    weights: dict[str, float] = {}
+    for update in sorted(updates, key=lambda u: u.client):
+        for name, value in update.tensors.items():
+            key = keys[name]
+            sums[key] = sums.get(key, 0.0) + value.astype(np.float64) * update.num_examples
+            weights[key] = weights.get(key, 0.0) + update.num_examples
+    new_state = dict(state)
+    for name, key in keys.items():
+        if key in sums:
+            new_state[name] = (sums[key] / weights[key]).astype(state[name].dtype)
+    return new_state

@@ -21,6 +21,7 @@ from .faults import after_training, before_training
 from .frozen_weights import with_checkpoint
 from .groups import group_config, node_model_group, num_groups
 from .methods import recipe_for
+from .objectives import LocalObjective
 from .perf import process_stats
 from .scenarios import client_capacities
 from .strategy import from_record, to_record
@@ -136,13 +137,19 @@ def handle_train(msg: Message, context: Context) -> Message:
         for name, value in received.items():
             loaded[name].copy_(torch.as_tensor(value))
     round_ = int(msg.content["config"]["server-round"])
+    objective = LocalObjective(cfg)  # FedProx / FedDyn term on top of the method's loss
+    objective.begin(params, context)
     recipe.begin(params, context)
     fit_started = time.perf_counter()
     loss = recipe.fit(model, plan, params, examples,
-                      seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device)
+                      seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
+                      loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
+                      + objective.penalty(), server_round=round_)
     fit_seconds = time.perf_counter() - fit_started
     recipe.end(params, context)
-    updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()})
+    objective.end(params, context)
+    updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
+                             | recipe.reply())
     metrics = MetricRecord({"num-examples": len(examples), "train-loss": loss,
                             "fit-seconds": fit_seconds,
                             "train-seconds": time.perf_counter() - started,

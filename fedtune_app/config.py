@@ -19,10 +19,7 @@ from typing import Any
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "fedbrick", "homo",
-           "heterotune")
-# Named in the design contract, built in later issues: a clear "not yet" instead of "unknown".
-PLANNED_METHODS = ("fedmd", "feddf",
-                   "flexifed", "pfedlora")
+           "heterotune", "fedmd", "feddf", "flexifed", "pfedlora")
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class Key:
 
 KEYS: dict[str, Key] = {
     "preset": Key("", "file name in conf/ (without .toml) whose keys become the defaults"),
-    "method": Key("fedra", "federated method", choices=METHODS + PLANNED_METHODS),
+    "method": Key("fedra", "federated method", choices=METHODS),
     "seed": Key(0, "seed of allocation, sampling, partitions and initial adapters", minimum=0),
     "num-server-rounds": Key(5, "federated rounds", minimum=1),
     "clients-per-round": Key(0, "clients sampled each round (0 = all)", minimum=0),
@@ -189,6 +186,22 @@ KEYS: dict[str, Key] = {
     "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
                                       "L-block model uses position floor(j*P/L) (0 = the "
                                       "smallest depth among the model groups)", minimum=0),
+    # issue 7: comparators (FedProx/FedDyn local objectives; FedMD, FedDF, FlexiFed, pFedLoRA)
+    "local-objective": Key("plain", "term added to every client's local loss against drift: "
+                           "none, FedProx's proximal term, or FedDyn's dynamic regulariser "
+                           "(with its server correction)", choices=("plain", "fedprox", "feddyn")),
+    "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
+    "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
+                        "'depthfl-feddyn-alpha')", minimum=1e-6),
+    "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
+                           "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
+                           maximum=0.9),
+    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation: epochs over the public "
+                          "set per round", minimum=1),
+    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
+                      minimum=0),
+    "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
+                               minimum=1e-3),
 }
 
 
@@ -294,9 +307,6 @@ def resolve_config(run_config: dict[str, Any]) -> dict[str, Any]:
             merged[key] = value
     merged["preset"] = preset
     config = {k: _coerce(k, v) for k, v in merged.items()}
-    if config["method"] in PLANNED_METHODS:
-        raise ConfigError(f"run-config key 'method' = {config['method']!r} is planned but not "
-                          f"implemented yet; available now: {', '.join(METHODS)}")
     parse_int_list("capacities", config["capacities"])
     check_conflicts(config)
     from .groups import check_groups
@@ -322,6 +332,10 @@ def check_conflicts(config: dict[str, Any]) -> None:
         raise ConfigError(f"run-config key 'min-valid-replies' = {quorum} exceeds the "
                           f"{num_clients} clients of key '{which}': no round could ever update "
                           "the global state")
+    if config["proxy-for-all-methods"] and config["method"] in ("fedmd", "feddf"):
+        raise ConfigError(f"run-config key 'proxy-for-all-methods' = true cannot be combined with "
+                          f"method {config['method']!r}: its public split ('public-fraction') "
+                          "already takes its own share of the clients' data")
 
 
 def setup_logging() -> None:

@@ -70,12 +70,16 @@ class ClientRecipe:
         return nn.functional.cross_entropy(model(inputs, plan), labels)
 
     def fit(self, model: LayeredModel, plan, params: dict[str, nn.Parameter], examples,
-            seed: int, device) -> float:
-        """Local training (one run of ``train_local`` with ``loss``); a method with several
-        stages runs its own. Returns the mean training loss."""
+            seed: int, device, loss_fn, server_round: int) -> float:
+        """Local training; returns the mean training loss. Default: ``train_local`` of the
+        plan's sub-network on ``params`` (FedMD digests first, pFedLoRA trains in two phases)."""
         return train_local(model.subnetwork(plan), list(params.values()), examples, self.cfg,
-                           seed=seed, device=device,
-                           loss_fn=lambda inputs, labels: self.loss(model, plan, inputs, labels))
+                           seed=seed, device=device, loss_fn=loss_fn)
+
+    def reply(self) -> dict[str, np.ndarray]:
+        """Tensors the client sends back besides the trained ones (FedMD: its class scores on
+        the public set), after ``fit``."""
+        return {}
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
         """Before local training (params hold what the server sent)."""

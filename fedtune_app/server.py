@@ -123,6 +123,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
         check_capacities([c.capacity for c in clients], model.num_blocks)  # node-declared too
     strategy: LayerPlanStrategy = strategy_class(cfg)(
         cfg, clients, model.num_blocks, recipe.initial_state(model, cfg["seed"]))
+    strategy.attach(model, recipe)
     done_metrics = resume(strategy, cfg) if cfg["resume"] else []
     evaluator = (GroupedEvaluator if grouped else GlobalEvaluator)(model_cfg, model, clients,
                                                                    recipe)

@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import Strategy
 from .adapters import names_for_plan
 from .aggregation import ClientUpdate, masked_weighted_mean, reply_problem
 from .allocation import Plan, allocation_matrix
+from .objectives import feddyn_server_step, objective_of
 from .scenarios import draw_round_capacities
 
 log = logging.getLogger("fedtune")
@@ -81,6 +82,8 @@ class LayerPlanStrategy(Strategy):
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
         self.model = None  # the server's model (run_federation sets it), for server-side compute
+        self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
+        self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
 
     # -- what a method decides ------------------------------------------------------------
     def plan_round(self, server_round: int, clients: list[ClientInfo]) -> list[Plan]:
@@ -91,7 +94,17 @@ class LayerPlanStrategy(Strategy):
         return tuple(range(self.num_layers))
 
     def aggregate(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
-        return masked_weighted_mean(self.state, updates)
+        return self.server_objective(updates, masked_weighted_mean(self.state, updates))
+
+    def server_objective(self, updates: list[ClientUpdate],
+                         mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The local objective's server step after the method's aggregate ``mean`` (FedDyn's
+        correction by h; FedProx and plain: ``mean`` itself). A method overriding ``aggregate``
+        ends with it."""
+        kind, alpha = self.objective
+        if kind != "feddyn":
+            return mean
+        return feddyn_server_step(self.h, self.state, mean, updates, alpha, len(self.clients))
 
     def payload(self, plan: Plan) -> list[str]:
         """Names of the tensors a client with this plan gets: its planned blocks + the head."""
@@ -120,13 +133,20 @@ class LayerPlanStrategy(Strategy):
         """The global model as saved in the results folder (HeteroTune: fused, Eq. 6)."""
         return self.state
 
+    def attach(self, model, recipe) -> None:
+        """The server's global model(s) and recipe, for a method that computes on the server
+        (FedDF's distillation); the same objects the evaluator uses."""
+
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they
-        go into the checkpoint so that a resumed run continues exactly."""
-        return {}
+        go into the checkpoint so that a resumed run continues exactly. A method with its own
+        extends this one's (FedDyn's h)."""
+        return {f"feddyn-h/{n}": v for n, v in self.h.items()}
 
     def load_extra_state(self, tensors: dict[str, np.ndarray]) -> None:
         """Inverse of ``extra_state`` (resume)."""
+        self.h = {k.removeprefix("feddyn-h/"): v for k, v in tensors.items()
+                  if k.startswith("feddyn-h/")}
 
     def round_clients(self, clients: list[ClientInfo]) -> list[ClientInfo]:
         """Dynamic heterogeneity: this round's capacities ~ U[1, L_i] from the seeded RNG, for

@@ -204,7 +204,8 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
     before = {n: p.detach().clone() for n, p in params.items()}
     frozen = model.blocks[1].mlp.fc2.lora_A.default.weight.detach().clone()
     recipe.begin(params, None)
-    recipe.fit(model, plan, params, Examples(images, labels), seed=5, device=torch.device("cpu"))
+    recipe.fit(model, plan, params, Examples(images, labels), seed=5, device=torch.device("cpu"),
+               loss_fn=lambda x, y: recipe.loss(model, plan, x, y), server_round=1)
     # 5 examples, batches of 2: 3 steps per epoch, 2 epochs -> E2 = 6
     assert seen == pytest.approx([1, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])
     changed = {n for n, p in params.items() if not torch.equal(p, before[n])}

@@ -5,17 +5,23 @@ from ..recipes import ClientRecipe
 from .baselines import AllLarge, AllSmall
 from .depthfl import DepthFL, DepthFLRecipe
 from .fedbrick import FedBRICK, FedBRICKRecipe
+from .feddf import FedDF
+from .fedmd import FedMD, FedMDRecipe
 from .fedra import FedRA
+from .flexifed import FlexiFed
 from .heterotune import HeteroTune, HeteroTuneRecipe
 from .inclusivefl import InclusiveFL
 from .model_groups import GroupAllLarge, GroupAllSmall, Homo
+from .pfedlora import PFedLoRA, PFedLoRARecipe
 
 STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
               "inclusivefl": InclusiveFL, "depthfl": DepthFL, "fedbrick": FedBRICK}
-RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe, "heterotune": HeteroTuneRecipe}
+RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe, "heterotune": HeteroTuneRecipe,
+           "fedmd": FedMDRecipe, "pfedlora": PFedLoRARecipe}
 # runs with model groups (key 'model-groups' set): one backbone per group
 GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo,
-                    "heterotune": HeteroTune}
+                    "heterotune": HeteroTune, "fedmd": FedMD, "feddf": FedDF, "flexifed": FlexiFed,
+                    "pfedlora": PFedLoRA}
 
 
 def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:

@@ -10,13 +10,12 @@ Client (DepthFL Sec. 3, Eq. 3, self-distillation from Deep Mutual Learning), wit
 logits of the client's n exits and p_j = softmax(z_j):
     loss = sum_i CE(y, z_i) + 1/(n-1) * sum_i sum_{j != i} KL(p_j || p_i)     (n > 1)
 with p_j detached inside KL(p_j || p_i) (each exit learns from the others, not vice versa)
-and temperature 1. Optimizer option FedDyn (Acar et al., ICLR'21; DepthFL trains with it),
-with a per-node state h_i kept in the node's context across rounds:
-    loss += -<theta, h_i> + alpha/2 ||theta - theta_global||^2 ,  after training
-    h_i <- h_i - alpha (theta_i - theta_global).
+and temperature 1. Optimizer: FedDyn (Acar et al., ICLR'21; DepthFL trains with it), the
+shared one of ``objectives.py`` (client term with the node's h_i, server correction per tensor
+scaled by the share of clients that held it), alpha = ``depthfl-feddyn-alpha``;
+``depthfl-optimizer = fedavg`` leaves the choice to ``local-objective`` (default plain).
 Server: every tensor (blocks, exits, head) is the example-weighted mean over the clients that
-hold it (a tensor nobody held keeps its value). With FedDyn, per tensor n held by m_n of the
-N clients: h_n <- h_n - alpha m_n/N (mean_n - theta_n), theta_n <- mean_n - h_n / alpha.
+hold it (a tensor nobody held keeps its value), then FedDyn's correction.
 Inference: ensemble of the exits, the mean of their softmax probabilities (the global model
 runs the prefix of the deepest client depth, with every exit up to it); the last exit alone and
 each exit are reported too (``accuracy-last-exit``, ``accuracy-exit-<d>``).
@@ -35,15 +34,13 @@ Choices made here (not fixed by the paper, which uses ResNets with 4 stages):
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..adapters import block_of, names_for_plan
-from ..aggregation import masked_weighted_mean
 from ..config import ConfigError
 from ..recipes import ClientRecipe
-from ..strategy import LayerPlanStrategy, from_record, to_record
+from ..strategy import LayerPlanStrategy
 
 
 def exit_every(cfg: dict, num_layers: int) -> int:
@@ -110,9 +107,7 @@ def ensemble_log_probs(logits: list[torch.Tensor]) -> torch.Tensor:
 
 
 class DepthFLRecipe(ClientRecipe):
-    """Exits on the model, the self-distillation loss, FedDyn's node state, ensemble inference."""
-
-    STATE = "depthfl-feddyn-h"
+    """Exits on the model, the self-distillation loss, ensemble inference."""
 
     def cache_key(self):
         return (self.cfg["depthfl-exit-every"],)
@@ -132,30 +127,8 @@ class DepthFLRecipe(ClientRecipe):
                 if holds(n, len(plan), model.num_blocks)}
 
     def loss(self, model, plan, inputs, labels):
-        loss = self_distillation_loss(exit_outputs(model, inputs, plan, self.depths(model)),
+        return self_distillation_loss(exit_outputs(model, inputs, plan, self.depths(model)),
                                       labels)
-        if self.cfg["depthfl-optimizer"] == "feddyn":
-            alpha = self.cfg["depthfl-feddyn-alpha"]
-            for name, p in self._params.items():
-                loss = loss - (p * self._h[name]).sum() \
-                    + alpha / 2 * (p - self._global[name]).pow(2).sum()
-        return loss
-
-    def begin(self, params, context):
-        self._params = params
-        self._global = {n: p.detach().clone() for n, p in params.items()}
-        stored = from_record(context.state[self.STATE]) if self.STATE in context.state else {}
-        self._h = {n: torch.as_tensor(stored[n]).to(p.device) if n in stored
-                   else torch.zeros_like(p) for n, p in params.items()}
-
-    def end(self, params, context):
-        if self.cfg["depthfl-optimizer"] != "feddyn":
-            return
-        alpha = self.cfg["depthfl-feddyn-alpha"]
-        stored = from_record(context.state[self.STATE]) if self.STATE in context.state else {}
-        for n, p in params.items():
-            stored[n] = (self._h[n] - alpha * (p.detach() - self._global[n])).cpu().numpy()
-        context.state[self.STATE] = to_record(stored)
 
     def eval_logits(self, model, plan, inputs):
         depths = self.depths(model)
@@ -173,7 +146,6 @@ class DepthFL(LayerPlanStrategy):
         self.depths = exit_depths(num_layers, exit_every(cfg, num_layers))
         self.depth_of = {c.partition_id: client_depth(c.capacity, self.depths)
                          for c in self.clients}  # bad capacities fail here, before training
-        self.h = {n: np.zeros_like(v) for n, v in self.state.items()}  # FedDyn server state
 
     def plan_round(self, server_round, clients):
         return [tuple(range(self.depth_of[c.partition_id])) for c in clients]
@@ -184,15 +156,3 @@ class DepthFL(LayerPlanStrategy):
 
     def eval_plan(self):
         return tuple(range(max(self.depth_of.values())))
-
-    def aggregate(self, updates):
-        mean = masked_weighted_mean(self.state, updates)
-        if self.cfg["depthfl-optimizer"] != "feddyn":
-            return mean
-        alpha, total = self.cfg["depthfl-feddyn-alpha"], len(self.clients)
-        new = dict(mean)
-        for name in {n for u in updates for n in u.tensors}:
-            held = sum(name in u.tensors for u in updates)
-            self.h[name] = self.h[name] - alpha * held / total * (mean[name] - self.state[name])
-            new[name] = (mean[name] - self.h[name] / alpha).astype(self.state[name].dtype)
-        return new

@@ -234,12 +234,14 @@ class FedBRICKRecipe(ClientRecipe):
         return nn.functional.cross_entropy(logits.float(), labels) \
             + self.cfg["fedbrick-lambda-d"] / len(plan) * distill
 
-    def fit(self, model, plan, params, examples, seed, device):
+    def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round):
+        """Stage I on ``loss_fn`` (this recipe's ``loss`` plus any FedProx/FedDyn term), then
+        stage II."""
         retained = set(brick_names(params, self.domain, set(plan)))
         stage1 = [p for n, p in params.items() if n not in retained]
         stage2 = [params[n] for n in sorted(retained)]
         loss = train_local(model, stage1, examples, self.cfg, seed=seed, device=device,
-                           loss_fn=lambda x, y: self.loss(model, plan, x, y))
+                           loss_fn=loss_fn)
         cfg2 = self.cfg | {"local-epochs": self.cfg["fedbrick-stage2-epochs"]}
         total = cfg2["local-epochs"] * math.ceil(len(examples) / cfg2["batch-size"])
         steps = itertools.count()  # train_local calls the loss once per optimizer step

@@ -99,4 +99,4 @@ class InclusiveFL(LayerPlanStrategy):
         new = dict(self.state)
         for name, total in sums.items():
             new[name] = (self.state[name] + total / weights[name]).astype(self.state[name].dtype)
-        return new
+        return self.server_objective(updates, new)

@@ -1,0 +1,78 @@
+"""The public set and the distillation steps FedMD and FedDF share.
+
+Public set (HeteroTune Sec. 4.1: "we extracted 20% of the training set as a public dataset"):
+``public-fraction`` of the training data, stratified by (domain, class) with a fixed seed, is
+held out for the methods in ``PUBLIC_SET_METHODS``; their clients' partitions are drawn from the
+rest only. Every node and the server load the same data, so the public inputs never travel;
+only scores on them do (FedMD). Labels of the public set are never used.
+
+Distillation reuses ``train_local`` (same SGD, clipping, seeded shuffling): the public examples
+are re-labelled with their own index, so a loss sees which targets belong to its batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import SPLIT_SEED, DataSplits, Examples, stratified_split
+
+PUBLIC_SET_METHODS = ("fedmd", "feddf")
+
+
+def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
+    """(the training data clients are partitioned from, the public set or None)."""
+    if cfg["method"] not in PUBLIC_SET_METHODS:
+        return splits.train, None
+    train = splits.train
+    strata = train.labels.numpy()
+    if train.domains is not None:
+        strata = train.domains.numpy() * splits.num_classes + strata
+    private, public = stratified_split(strata, cfg["public-fraction"], SPLIT_SEED + 3)
+    return train.subset(private), train.subset(public)
+
+
+def indexed(examples: Examples) -> Examples:
+    """The same inputs labelled 0..n-1 (which distillation targets belong to a batch)."""
+    return Examples(examples.inputs, torch.arange(len(examples)))
+
+
+def consensus(scores: list[np.ndarray]) -> np.ndarray:
+    """FedMD's aggregate: the plain mean of the parties' class scores, f~ = 1/m sum_k f_k."""
+    return np.mean(np.stack([s.astype(np.float64) for s in scores]), axis=0).astype(np.float32)
+
+
+def digest_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """FedMD's digest: mean absolute error between the model's class scores (logits) and the
+    consensus (the FedMD code trains with Keras' mean_absolute_error on logits)."""
+    return (logits.float() - target).abs().mean()
+
+
+def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """FedDF's distillation loss: T^2 KL(softmax(teacher/T) || softmax(student/T)), batch mean."""
+    log_p = nn.functional.log_softmax(teacher.float() / temperature, -1)
+    log_q = nn.functional.log_softmax(student.float() / temperature, -1)
+    return temperature ** 2 * (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+
+@torch.inference_mode()
+def scores_on(model, plan, public: Examples, batch_size: int, device) -> np.ndarray:
+    """Class scores (logits) of ``model`` on every public example, in order."""
+    model.eval()
+    out = [model(inputs.to(device) if not isinstance(inputs, dict)
+                 else {k: v.to(device) for k, v in inputs.items()}, plan).float().cpu()
+           for inputs, _ in public.batches(batch_size)]
+    return torch.cat(out).numpy()
+
+
+def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: np.ndarray,
+            loss, cfg: dict, seed: int, device) -> float:
+    """Train ``params`` so that the model's logits on ``public`` approach ``targets`` under
+    ``loss(logits, target_logits)``, for ``distill-epochs`` epochs at ``distill-lr``."""
+    from .training import train_local
+
+    target = torch.as_tensor(targets, dtype=torch.float32, device=device)
+    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"]}
+    return train_local(model, params, indexed(public), run, seed=seed, device=device,
+                       loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))

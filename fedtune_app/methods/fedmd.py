@@ -1,0 +1,90 @@
+"""FedMD: heterogeneous federated learning via model distillation (Li and Wang, NeurIPS'19
+workshop, arXiv 1910.03581), Algorithm 1, over model groups.
+
+Public set D_0: ``public-fraction`` (default 20%, HeteroTune's setup) of the training data,
+held out and excluded from every client's partition (``distill.public_split``). Per round t:
+  1. Communicate: each party k sends its class scores f_k(x) on D_0 (logits, P x C);
+  2. Aggregate: the server averages them into the consensus f~ = 1/m sum_k f_k(x);
+  3. Distribute: f~ goes to every party with the next round's task;
+  4. Digest: party k trains f_k to approach f~ on D_0 (mean absolute error on logits, as the
+     FedMD code), ``distill-epochs`` at ``distill-lr``;
+  5. Revisit: party k trains on its own private data (``local-epochs``), then goes to step 1.
+Round 1 has no consensus yet: parties only revisit and communicate (steps 5, 1).
+
+Choices made here:
+  * FedMD keeps one model per party and exchanges no parameters; HeteroTune's tables evaluate
+    one global model per model group, so the parties' trainable tensors (adapters, head) are
+    also averaged within their group each round (Homo-training plus FedMD's consensus). The
+    bytes per round therefore hold both: the group's tensors and the P x C scores down and up;
+    the scores' share grows with the public set, not with the model (run-config
+    ``public-fraction``). Wire name of the scores/consensus: ``fedmd.consensus``.
+  * FedMD's first step (transfer learning on the labelled public set) is left out: the backbone
+    is pretrained already, and the public labels are never used (only scores).
+  * The consensus is the plain mean over the parties that replied (FedMD's 1/m), while the
+    parameter means are example-weighted as everywhere else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..aggregation import ClientUpdate, masked_weighted_mean
+from ..data import load_data, num_classes_of
+from ..distill import consensus, digest_loss, distill, public_split, scores_on
+from ..recipes import ClientRecipe
+from ..training import train_local
+from .model_groups import GroupStrategy
+
+CONSENSUS = "fedmd.consensus"
+
+
+def public_set(cfg: dict):
+    return public_split(cfg, load_data(cfg))[1]
+
+
+class FedMDRecipe(ClientRecipe):
+    """Digest the received consensus, revisit local data, reply with the scores on D_0."""
+
+    def received(self, model, plan):
+        if not hasattr(self, "_consensus"):
+            self._public = public_set(self.cfg)
+            self._consensus = torch.zeros(len(self._public), num_classes_of(self.cfg))
+        return super().received(model, plan) | {CONSENSUS: self._consensus}
+
+    def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round) -> float:
+        trainable = list(params.values())
+        if server_round > 1:  # digest
+            distill(model, plan, trainable, self._public, self._consensus.numpy(), digest_loss,
+                    self.cfg, seed=seed + 1, device=device)
+        loss = train_local(model.subnetwork(plan), trainable, examples, self.cfg, seed=seed,
+                           device=device, loss_fn=loss_fn)  # revisit
+        self._scores = scores_on(model, plan, self._public, self.cfg["eval-batch-size"], device)
+        return loss
+
+    def reply(self) -> dict[str, np.ndarray]:
+        return {CONSENSUS: self._scores}
+
+
+class FedMD(GroupStrategy):
+    name = "fedmd"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        shape = (len(public_set(cfg)), num_classes_of(cfg))
+        self.state[CONSENSUS] = np.zeros(shape, dtype=np.float32)
+
+    def client_payload(self, client, plan):
+        return super().client_payload(client, plan) + [CONSENSUS]
+
+    def payload_names(self, entry):
+        """Trained tensors only: the scores travel (bytes) but are no parameters."""
+        return {pid: [n for n in names if n != CONSENSUS]
+                for pid, names in super().payload_names(entry).items()}
+
+    def aggregate(self, updates):
+        params = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items() if n != CONSENSUS},
+                               u.num_examples) for u in updates]
+        new = self.server_objective(params, masked_weighted_mean(self.state, params))
+        new[CONSENSUS] = consensus([u.tensors[CONSENSUS] for u in updates])
+        return new

@@ -1,0 +1,90 @@
+"""FlexiFed: federated learning over clients with heterogeneous architectures (Wang et al.,
+WWW'23), its Max-Common strategy: the layers that two architectures have in common, counted
+from the input up to the first layer that differs, are aggregated across the clients of both;
+the rest only among clients of identical architecture.
+
+Here an architecture is a model group (``groups.<g>.`` tensors, issue 6) and its layers are its
+blocks in order followed by the head; a layer's signature is the set of its trainable tensors
+(block-relative name and shape). Per round:
+  1. clients train their group's tensors (plain local training, the default recipe);
+  2. for every pair of groups g, h: c(g, h) = the number of leading layers with equal
+     signatures; layer k of g and layer k of h share one value when k < c(g, h). Sharing is an
+     equivalence per layer (equal prefixes are transitive), so each layer's tensors fall into
+     classes;
+  3. each class gets the example-weighted mean over every client that sent one of its tensors
+     (``aggregation.keyed_weighted_mean``); a class nobody sent keeps its value.
+Groups of different widths share nothing (their adapters differ in shape from block 0): FlexiFed
+then equals Homo-training, which is what HeteroTune observes for ViTs of different widths.
+
+Choices made here: example-weighted means (FlexiFed averages by data size too); the head counts
+as the last layer, so two groups share it only when their whole models match; frozen pretrained
+weights are never aggregated (only trainable adapters and heads travel).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..adapters import block_of
+from ..aggregation import keyed_weighted_mean
+from .model_groups import GroupStrategy
+
+GROUPS = "groups."
+
+
+def split_name(name: str) -> tuple[int | None, str]:
+    """``groups.1.blocks.0.x`` -> (1, ``blocks.0.x``); a shared name -> (None, name)."""
+    if not name.startswith(GROUPS):
+        return None, name
+    _, g, rest = name.split(".", 2)
+    return int(g), rest
+
+
+def layers(shapes: dict[str, tuple]) -> list[frozenset]:
+    """One group's layers in order (blocks, then the head and any other non-block tensor), each
+    as its signature: {(name relative to the block, shape)}."""
+    blocks: dict[int, set] = {}
+    rest = set()
+    for name, shape in shapes.items():
+        j = block_of(name)
+        if j is None:
+            rest.add((name, tuple(shape)))
+        else:
+            blocks.setdefault(j, set()).add((name.split(".", 2)[2], tuple(shape)))
+    ordered = [frozenset(blocks[j]) for j in sorted(blocks)]
+    return ordered + ([frozenset(rest)] if rest else [])
+
+
+def common_keys(state: dict[str, np.ndarray]) -> dict[str, str]:
+    """Name -> the key of the class it is averaged in (Max-Common). Names of one class share a
+    key; a shared (ungrouped) name is its own key."""
+    by_group: dict[int, dict[str, tuple]] = {}
+    key = {}
+    for name, value in state.items():
+        g, rest = split_name(name)
+        if g is None:
+            key[name] = name
+        else:
+            by_group.setdefault(g, {})[rest] = np.shape(value)
+    sigs = {g: layers(shapes) for g, shapes in by_group.items()}
+    for g, shapes in by_group.items():
+        order = [j for j in sorted({block_of(n) for n in shapes if block_of(n) is not None})]
+        for rest in shapes:
+            j = block_of(rest)
+            k = order.index(j) if j is not None else len(order)
+            # the class of layer k: the smallest group whose first k+1 layers equal g's
+            owner = min(h for h in sigs if sigs[h][:k + 1] == sigs[g][:k + 1])
+            local = rest if j is None else rest.split(".", 2)[2]
+            key[f"{GROUPS}{g}.{rest}"] = f"layer{k}/{owner}/{local}"
+    return key
+
+
+class FlexiFed(GroupStrategy):
+    name = "flexifed"
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        self.keys = common_keys(self.state)
+
+    def aggregate(self, updates):
+        return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))

@@ -1,0 +1,369 @@
+"""FedMD, FedDF, FlexiFed, pFedLoRA: the public set, the distillation and aggregation steps by
+hand, and (with model groups) two rounds end to end."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedtune_app.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
+from fedtune_app.config import resolve_config
+from fedtune_app.data import Examples, client_examples, load_data
+from fedtune_app.distill import (consensus, digest_loss, distill, indexed, kd_loss,
+                                 public_split)
+from fedtune_app.methods.flexifed import common_keys
+
+
+def f32(*v):
+    return np.array(v, dtype=np.float32)
+
+
+# -- public set ---------------------------------------------------------------------------------
+
+def test_public_set_is_stratified_and_nobodys_data():
+    cfg = resolve_config({"preset": "smoke"})
+    splits = load_data(cfg)
+    same, none = public_split(cfg, splits)
+    assert same is splits.train and none is None  # other methods: all training data
+    cfg = cfg | {"method": "fedmd", "public-fraction": 0.2}
+    private, public = public_split(cfg, splits)
+    labels = splits.train.labels.numpy()
+    expected = sum(round(0.2 * (labels == c).sum()) for c in range(10))
+    assert len(public) == expected and len(private) + len(public) == len(splits.train)
+    for c in range(10):  # every class keeps its 20% share
+        assert (public.labels.numpy() == c).sum() == round(0.2 * (labels == c).sum())
+    # the clients' partitions come from the private rest only: no public input is anyone's
+    public_rows = {tuple(x.flatten().tolist()) for x in public.inputs}
+    for pid in range(3):
+        mine = client_examples(cfg, splits, pid, 3)
+        assert not public_rows & {tuple(x.flatten().tolist()) for x in mine.inputs}
+
+
+# -- distillation steps -------------------------------------------------------------------------
+
+def test_fedmd_consensus_and_digest_loss_by_hand():
+    np.testing.assert_allclose(consensus([f32(1, 2), f32(3, 6)]), [2, 4])
+    logits = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    target = torch.tensor([[0.0, 2.0], [3.0, 6.0]])
+    assert digest_loss(logits, target).item() == pytest.approx((1 + 0 + 0 + 2) / 4)
+
+
+def test_feddf_kd_loss_by_hand():
+    # teacher/T = [0, ln 3] -> p = [1/4, 3/4]; student [0, 0] -> q = [1/2, 1/2]
+    teacher = torch.tensor([[0.0, 2 * math.log(3)]])
+    kl = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    assert kd_loss(torch.zeros(1, 2), teacher, 2.0).item() == pytest.approx(4 * kl, rel=1e-6)
+    assert kd_loss(teacher, teacher, 1.0).item() == pytest.approx(0, abs=1e-7)
+
+
+class Constant(nn.Module):
+    """Logits w for every input: the distillation gradient is easy to write down."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(classes))
+
+    def forward(self, x, plan=None):
+        return self.w.expand(len(x), -1)
+
+
+def test_distill_matches_each_public_example_to_its_own_target():
+    cfg = resolve_config({"preset": "smoke"}) | {
+        "distill-epochs": 1, "distill-lr": 0.1, "batch-size": 1, "momentum": 0.0,
+        "weight-decay": 0.0, "grad-clip": 0.0}
+    model = Constant(2)
+    public = Examples(torch.zeros(2, 1), torch.tensor([7, 7]))
+    targets = np.array([[1.0, -1.0], [1.0, 1.0]], dtype=np.float32)
+    # L1 gradient of one example = sign(w - t) / 2. Either order: w -> [0.05, -+0.05] -> [0.1, 0]
+    # (with a wrong target mapping, e.g. always row 0, w would end at [0.1, -0.1])
+    distill(model, None, [model.w], public, targets, digest_loss, cfg, seed=0,
+            device=torch.device("cpu"))
+    np.testing.assert_allclose(model.w.detach().numpy(), [0.1, 0.0], atol=1e-7)
+    assert indexed(public).labels.tolist() == [0, 1]
+
+
+# -- FlexiFed Max-Common ------------------------------------------------------------------------
+
+def flexifed_state():
+    """group 0: 2 blocks, group 1: 3 blocks of the same width, group 2: another width."""
+    z2, z3, z4 = f32(0, 0), f32(0, 0, 0), f32(0, 0, 0, 0)
+    return {"groups.0.blocks.0.a": z2, "groups.0.blocks.1.a": z2, "groups.0.head.w": z3,
+            "groups.1.blocks.0.a": z2, "groups.1.blocks.1.a": z2, "groups.1.blocks.2.a": z2,
+            "groups.1.head.w": z3,
+            "groups.2.blocks.0.a": z4, "groups.2.head.w": z3}
+
+
+def test_flexifed_common_prefix_classes():
+    keys = common_keys(flexifed_state())
+    assert keys["groups.0.blocks.0.a"] == keys["groups.1.blocks.0.a"]
+    assert keys["groups.0.blocks.1.a"] == keys["groups.1.blocks.1.a"]
+    # the head follows 2 blocks in group 0 and 3 in group 1: a different layer, not shared
+    assert len({keys["groups.0.head.w"], keys["groups.1.head.w"], keys["groups.2.head.w"],
+                keys["groups.1.blocks.2.a"], keys["groups.0.blocks.0.a"],
+                keys["groups.2.blocks.0.a"]}) == 6
+    # identical architectures share everything, the head included
+    twins = {"groups.0.blocks.0.a": f32(0), "groups.0.head.w": f32(0, 0),
+             "groups.1.blocks.0.a": f32(0), "groups.1.head.w": f32(0, 0)}
+    keys = common_keys(twins)
+    assert keys["groups.0.head.w"] == keys["groups.1.head.w"]
+
+
+def test_flexifed_max_common_mean_by_hand():
+    state = flexifed_state()
+    updates = [
+        ClientUpdate("0", {"groups.0.blocks.0.a": f32(1, 1), "groups.0.blocks.1.a": f32(2, 2),
+                           "groups.0.head.w": f32(1, 1, 1)}, 10),
+        ClientUpdate("1", {"groups.1.blocks.0.a": f32(5, 5), "groups.1.blocks.1.a": f32(6, 2),
+                           "groups.1.blocks.2.a": f32(7, 7), "groups.1.head.w": f32(3, 3, 3)},
+                     30),
+        ClientUpdate("2", {"groups.2.blocks.0.a": f32(1, 2, 3, 4)}, 20),
+    ]
+    new = keyed_weighted_mean(state, updates, common_keys(state))
+    for g in (0, 1):  # shared prefix: (10 * x_0 + 30 * x_1) / 40 in both groups
+        np.testing.assert_allclose(new[f"groups.{g}.blocks.0.a"], [4, 4])
+        np.testing.assert_allclose(new[f"groups.{g}.blocks.1.a"], [5, 2])
+    np.testing.assert_allclose(new["groups.1.blocks.2.a"], [7, 7])  # group 1's own
+    np.testing.assert_allclose(new["groups.0.head.w"], [1, 1, 1])
+    np.testing.assert_allclose(new["groups.1.head.w"], [3, 3, 3])
+    np.testing.assert_allclose(new["groups.2.blocks.0.a"], [1, 2, 3, 4])
+    np.testing.assert_array_equal(new["groups.2.head.w"], [0, 0, 0])  # nobody sent it
+    assert new["groups.0.blocks.0.a"].dtype == np.float32
+    # keys = names: the plain masked mean
+    same = keyed_weighted_mean(state, updates, {n: n for n in state})
+    plain = masked_weighted_mean(state, updates)
+    assert all(np.array_equal(same[n], plain[n]) for n in state)
+
+
+# -- pFedLoRA -----------------------------------------------------------------------------------
+
+def test_core_lora_forward_is_the_formula():
+    from fedtune_app.methods.pfedlora import CoreLoRA
+
+    torch.manual_seed(0)
+    base = nn.Linear(2, 3)
+    layer = CoreLoRA(base, r=2, alpha=4.0, dropout=0.0)
+    A, C, B = torch.randn(2, 2), torch.randn(2, 2), torch.randn(3, 2)
+    with torch.no_grad():
+        layer.lora_A.weight.copy_(A), layer.lora_C.weight.copy_(C), layer.lora_B.weight.copy_(B)
+    x = torch.randn(5, 2)
+    expected = x @ base.weight.T + base.bias + (4.0 / 2) * x @ A.T @ C.T @ B.T
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_pfedlora_shares_homogeneous_adapters_by_relative_depth():
+    from fedtune_app.methods.pfedlora import core_position, identity_cores, pfedlora_keys
+
+    # K = 2 positions (smallest depth); a 3-block model: blocks 0, 1 -> 0, block 2 -> 1
+    assert [core_position(j, 3, 2) for j in range(3)] == [0, 0, 1]
+    assert [core_position(j, 2, 2) for j in range(2)] == [0, 1]
+    one = f32(0).reshape(1, 1)
+    state = {f"groups.{g}.blocks.{j}.fc.{t}.weight": one
+             for g, depth in ((0, 2), (1, 3)) for j in range(depth) for t in ("lora_A", "lora_C")}
+    assert identity_cores(state)["groups.1.blocks.2.fc.lora_C.weight"].tolist() == [[1.0]]
+    assert identity_cores(state)["groups.1.blocks.2.fc.lora_A.weight"].tolist() == [[0.0]]
+    keys = pfedlora_keys(state, [2, 3])
+
+    def v(x):
+        return np.array([[x]], dtype=np.float32)
+
+    updates = [ClientUpdate("0", {"groups.0.blocks.0.fc.lora_C.weight": v(1),
+                                  "groups.0.blocks.1.fc.lora_C.weight": v(2),
+                                  "groups.0.blocks.0.fc.lora_A.weight": v(5)}, 10),
+               ClientUpdate("1", {"groups.1.blocks.0.fc.lora_C.weight": v(3),
+                                  "groups.1.blocks.1.fc.lora_C.weight": v(5),
+                                  "groups.1.blocks.2.fc.lora_C.weight": v(6),
+                                  "groups.1.blocks.0.fc.lora_A.weight": v(7)}, 30)]
+    new = keyed_weighted_mean(state, updates, keys)
+    k0 = (10 * 1 + 30 * 3 + 30 * 5) / 70  # position 0: g0 block 0, g1 blocks 0 and 1
+    for name in ("groups.0.blocks.0", "groups.1.blocks.0", "groups.1.blocks.1"):
+        np.testing.assert_allclose(new[f"{name}.fc.lora_C.weight"], [[k0]], rtol=1e-6)
+    for name in ("groups.0.blocks.1", "groups.1.blocks.2"):  # position 1: (10*2 + 30*6) / 40
+        np.testing.assert_allclose(new[f"{name}.fc.lora_C.weight"], [[5]])
+    np.testing.assert_allclose(new["groups.0.blocks.0.fc.lora_A.weight"], [[5]])  # own group
+    np.testing.assert_allclose(new["groups.1.blocks.0.fc.lora_A.weight"], [[7]])
+    np.testing.assert_array_equal(new["groups.1.blocks.2.fc.lora_A.weight"], [[0]])  # not sent
+
+
+# -- over model groups: server steps on real models, two rounds end to end ---------------------
+
+VIT = "img_size=8,patch_size=2,in_chans=1,num_heads=2"
+# two groups of tiny random-init ViTs: widths 16 / 32, depths 2 / 3 (as the model-groups tests)
+TWO_GROUPS = {"preset": "smoke", "model-groups": "vit_tiny_patch16_224",
+              "model-group-args": f"{VIT},embed_dim=16,depth=2;{VIT},embed_dim=32,depth=3",
+              "model-group-sources": "random", "capacities": "1,1,1,1",
+              "model-group-ratio": "1:1", "num-server-rounds": 2}
+SAME_WIDTH = TWO_GROUPS | {
+    "model-group-args": f"{VIT},embed_dim=16,depth=2;{VIT},embed_dim=16,depth=3"}
+
+
+def run_recording(keys, tmp_path):
+    """Run in process; returns (results folder, train messages sent, replies per round)."""
+    from client_app import app as client_app
+    from fedtune_app.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.scenarios import num_clients
+    from fedtune_app.server import run_federation
+    from fedtune_app.strategy import from_record
+
+    rc = {**keys, "results-dir": str(tmp_path)}
+    cfg = resolve_config(rc)
+    replies = {}
+
+    def record(msg, reply):
+        if msg.metadata.message_type == "train":
+            round_ = int(msg.content["config"]["server-round"])
+            examples = int(reply.content["metrics"]["num-examples"])
+            replies.setdefault(round_, []).append((from_record(reply.content["arrays"]), examples))
+        return reply
+
+    n = num_clients(cfg)
+    grid = InProcessGrid(client_app, simulation_nodes(n), rc, faults={i: record for i in range(n)})
+    folder = Path(run_federation(grid, cfg))
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    return folder, train, replies, cfg
+
+
+def results(folder):
+    from safetensors.numpy import load_file
+
+    return (json.loads((folder / "metrics.json").read_text()),
+            load_file(str(folder / "state.safetensors")))
+
+
+def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
+    from fedtune_app.methods.fedmd import CONSENSUS
+
+    folder, train, replies, cfg = run_recording({**TWO_GROUPS, "method": "fedmd"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    public = public_split(cfg, load_data(cfg))[1]
+    shape = (len(public), 10)
+    round1 = [t[CONSENSUS] for t, _ in replies[1]]
+    assert all(s.shape == shape for s in round1) and len(round1) == 4
+    # round 2 sends every client the plain mean of the round-1 scores
+    sent2 = [from_message(m)[CONSENSUS] for m in train
+             if int(m.content["config"]["server-round"]) == 2]
+    for sent in sent2:
+        np.testing.assert_allclose(sent, np.mean(round1, axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state[CONSENSUS], np.mean([t[CONSENSUS] for t, _ in replies[2]],
+                                                         axis=0), rtol=1e-5, atol=1e-6)
+    # honest bytes: each message carries the P x C scores besides the group's tensors
+    scores_bytes = 4 * shape[0] * shape[1]
+    params = {p: n for p, n in metrics[0]["trainable-params"].items()}
+    assert metrics[0]["bytes-down"] >= sum(4 * n + scores_bytes for n in params.values())
+    assert metrics[0]["bytes-up"] >= sum(4 * n + scores_bytes for n in params.values())
+    assert metrics[0]["bytes-down"] < sum(4 * n + scores_bytes for n in params.values()) + 8000
+    assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
+
+
+def from_message(msg):
+    from fedtune_app.strategy import from_record
+
+    return from_record(msg.content["arrays"])
+
+
+def test_flexifed_two_rounds_shares_the_common_prefix_only(tmp_path):
+    folder, _, replies, _ = run_recording({**SAME_WIDTH, "method": "flexifed"}, tmp_path)
+    metrics, state = results(folder)
+    assert not any(m["rejected"] for m in metrics)
+    blocks01 = [n for n in state if n.startswith("groups.0.blocks.")]
+    assert blocks01 and all(n.split(".")[3] in "01" for n in blocks01)
+    for name in blocks01:  # blocks 0-1: one value for both groups, the mean over all 4 clients
+        twin = name.replace("groups.0.", "groups.1.", 1)
+        np.testing.assert_array_equal(state[name], state[twin])
+        sent = [(t[n], k) for t, k in replies[2] for n in (name, twin) if n in t]
+        assert len(sent) == 4
+        mean = sum(v.astype(np.float64) * k for v, k in sent) / sum(k for _, k in sent)
+        np.testing.assert_allclose(state[name], mean, rtol=1e-5, atol=1e-7)
+    # the heads follow different depths: each the mean of its own group's clients
+    head0 = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
+    assert len(head0) == 2
+    np.testing.assert_allclose(state["groups.0.head.weight"],
+                               sum(v * k for v, k in head0) / sum(k for _, k in head0),
+                               rtol=1e-5, atol=1e-7)
+    assert not np.allclose(state["groups.0.head.weight"][:, :16], state["groups.1.head.weight"])
+
+
+def test_pfedlora_two_rounds_homogeneous_adapters_shared_across_widths(tmp_path):
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "pfedlora"}, tmp_path)
+    metrics, state = results(folder)
+    assert not any(m["rejected"] for m in metrics)
+    core = "mlp.fc2.lora_C.weight"
+    # K = 2 positions: group 0 blocks 0, 1 -> 0, 1; group 1 blocks 0, 1 -> 0 and block 2 -> 1
+    np.testing.assert_array_equal(state[f"groups.0.blocks.0.{core}"],
+                                  state[f"groups.1.blocks.0.{core}"])
+    np.testing.assert_array_equal(state[f"groups.1.blocks.1.{core}"],
+                                  state[f"groups.1.blocks.0.{core}"])
+    np.testing.assert_array_equal(state[f"groups.0.blocks.1.{core}"],
+                                  state[f"groups.1.blocks.2.{core}"])
+    assert state[f"groups.0.blocks.0.{core}"].shape == (8, 8)
+    assert not np.allclose(state[f"groups.0.blocks.0.{core}"], np.eye(8))  # trained, from I
+    assert state["groups.0.blocks.0.mlp.fc2.lora_A.weight"].shape == (8, 64)  # own width
+    assert state["groups.1.blocks.0.mlp.fc2.lora_A.weight"].shape == (8, 128)
+    # per client: A, C, B of each block + head
+    per_group = {0: 2 * (8 * 64 + 64 + 16 * 8) + 16 * 10 + 10,
+                 1: 3 * (8 * 128 + 64 + 32 * 8) + 32 * 10 + 10}
+    assert sorted(set(metrics[0]["trainable-params"].values())) == sorted(per_group.values())
+
+
+def test_feddf_server_distillation_on_real_group_models():
+    from fedtune_app.groups import build_global
+    from fedtune_app.methods.feddf import FedDF
+    from fedtune_app.strategy import ClientInfo, RoundLog
+
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2})
+    model, recipe = build_global(cfg)
+    state = recipe.initial_state(model, 0)
+    clients = [ClientInfo(10 + i, i, 1, 10 * (i + 1), f"c{i}", model_group=g)
+               for i, g in enumerate([0, 0, 1])]
+    rng = np.random.default_rng(1)
+    updates = [ClientUpdate(str(c.partition_id),
+                            {n: (v + rng.normal(0, 0.3, v.shape)).astype(np.float32)
+                             for n, v in state.items() if n.startswith(f"groups.{c.model_group}.")},
+                            c.num_examples) for c in clients]
+    mean = masked_weighted_mean(state, updates)
+
+    def aggregate(**keys):
+        strategy = FedDF(cfg | keys, clients, 3, state)
+        strategy.attach(model, recipe)
+        strategy.history.append(RoundLog(1))
+        return strategy.aggregate(updates), strategy.public
+
+    same, public = aggregate(**{"distill-lr": 0.0})  # no step: FedDF's fusion start, x_g
+    assert all(np.array_equal(same[n], mean[n]) for n in state)
+    # the teacher: the mean of the three client models' logits on the public set
+    from fedtune_app.distill import scores_on
+
+    device = torch.device("cpu")
+    logits = []
+    for c, u in zip(clients, updates):
+        recipe.recipes[c.model_group].load(model.groups[c.model_group], mean | u.tensors)
+        plan = tuple(range(model.groups[c.model_group].num_blocks))
+        logits.append(scores_on(model.groups[c.model_group], plan, public, 64, device))
+    teacher = torch.as_tensor(np.mean(logits, axis=0))
+
+    def distance(s, g):  # KL(teacher || group g's model) on the public set
+        recipe.recipes[g].load(model.groups[g], s)
+        plan = tuple(range(model.groups[g].num_blocks))
+        z = torch.as_tensor(scores_on(model.groups[g], plan, public, 64, device))
+        return kd_loss(z, teacher, 1.0).item()
+
+    new, _ = aggregate(**{"distill-lr": 0.05})
+    for g in (0, 1):
+        assert distance(new, g) < distance(mean, g)  # distilled towards the ensemble
+        assert any(not np.array_equal(new[n], mean[n]) for n in state
+                   if n.startswith(f"groups.{g}."))
+
+
+def test_feddf_two_rounds_end_to_end(tmp_path):
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
+    # the state is the distilled one, not the plain group mean of the last replies
+    head = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
+    mean = sum(v.astype(np.float64) * k for v, k in head) / sum(k for _, k in head)
+    assert not np.allclose(state["groups.0.head.weight"], mean)
