@@ -44,8 +44,10 @@ run: setup
 	    test $$status -eq 0 -a -n "$$folder" || { echo "run failed (log: .flwr/last-run.log)"; exit 1; }; \
 	    echo "$$folder"
 
+# one torch thread per test process: tiny models gain little from more, and on a machine whose
+# cores other jobs also use, OpenMP's busy threads slow runs down 20-80x
 test: setup
-	$(BIN)/python -m pytest -q tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 # The strategy-comparison notebooks, executed headless on a tiny preset (outputs not committed).
 NOTEBOOK_PRESET ?= smoke
