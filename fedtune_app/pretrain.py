@@ -13,8 +13,8 @@ comparable with the papers' numbers.
 It trains the whole model on Fashion-MNIST (Debian dataset-fashion-mnist; the UCI digits when
 it is absent, say so with --dataset digits) resized to 16x16 and repeated to 3 channels, prints
 test accuracy and a linear probe of the frozen features on the six digit styles (how well the
-stand-in transfers to the offline federated task), and writes a safetensors state dict that timm loads with
-``pretrained_cfg_overlay=dict(file=...)`` (our ``model-source=<file>``).
+stand-in transfers to the offline federated task), and writes a safetensors state dict that timm
+loads with ``pretrained_cfg_overlay=dict(file=...)`` (our ``model-source=<file>``).
 """
 
 from __future__ import annotations
