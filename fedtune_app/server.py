@@ -127,7 +127,6 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     done_metrics = resume(strategy, cfg) if cfg["resume"] else []
     evaluator = (GroupedEvaluator if grouped else GlobalEvaluator)(model_cfg, model, clients,
                                                                    recipe)
-    strategy.model = model  # shared with the evaluator: a method's server-side compute (FedBRICK)
     writer = ResultsWriter(cfg, strategy, clients, done_metrics)
     log.info("fedtune: %s on %s, %d clients %s, %d rounds; results in %s", cfg["method"],
              cfg["model"], len(clients), [c.capacity for c in clients],

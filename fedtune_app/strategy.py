@@ -81,7 +81,7 @@ class LayerPlanStrategy(Strategy):
         self._sent: dict[int, dict[str, np.ndarray]] = {}
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
-        self.model = None  # the server's model (run_federation sets it), for server-side compute
+        self.model, self.recipe = None, None  # the server's model(s) and recipe (``attach``)
         self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
         self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
 
@@ -135,7 +135,8 @@ class LayerPlanStrategy(Strategy):
 
     def attach(self, model, recipe) -> None:
         """The server's global model(s) and recipe, for a method that computes on the server
-        (FedDF's distillation); the same objects the evaluator uses."""
+        (FedBRICK's and FedDF's distillation); the same objects the evaluator uses."""
+        self.model, self.recipe = model, recipe
 
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they

@@ -41,14 +41,9 @@ class FedDF(GroupStrategy):
         super().__init__(cfg, clients, num_layers, initial_state)
         self.public = public_set(cfg)
         self.device = pick_device(cfg["device"])
-        self.models = None  # (GroupedModel, GroupedRecipe) of the server, see ``attach``
-
-    def attach(self, model, recipe) -> None:
-        self.models = (model, recipe)
 
     def group_model(self, g: int):
-        model, recipe = self.models
-        return model.groups[g], recipe.recipes[g], tuple(range(self.depths[g]))
+        return self.model.groups[g], self.recipe.recipes[g], tuple(range(self.depths[g]))
 
     def aggregate(self, updates):
         mean = self.server_objective(updates, masked_weighted_mean(self.state, updates))
