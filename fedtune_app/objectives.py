@@ -70,6 +70,8 @@ class LocalObjective:
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
         from .strategy import from_record
 
+        if self.kind == "plain":  # nothing to remember: skip copying the received tensors
+            return
         self._params = params
         self._global = {n: p.detach().clone() for n, p in params.items()}
         self._h = {}
