@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 CONFIG ?=
 # one simulated SuperNode per client of the (preset's) capacity profile, one CPU each
-FEDERATION ?= num-supernodes=$$($(BIN)/python -m fedtune_app.scenarios num-clients '$(CONFIG)') client-resources-num-cpus=1
+FEDERATION ?= num-supernodes=$$($(BIN)/python -m fedtune_app.tools.config_info num-clients '$(CONFIG)') client-resources-num-cpus=1
 RESULTS ?= $(CURDIR)/results
 
 # Flower writes its state here; no telemetry, no update checks, and never let the SuperLink
@@ -26,7 +26,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.lock
-	@# Fashion-MNIST for the offline vision presets and `python -m fedtune_app.pretrain` (best effort)
+	@# Fashion-MNIST for the offline vision presets and `python -m fedtune_app.tools.pretrain` (best effort)
 	@dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || { apt-get update -qq && \
 	    apt-get install -y -qq dataset-fashion-mnist >/dev/null; } || \
 	    echo "note: Debian package dataset-fashion-mnist not installed (only the Fashion-MNIST presets need it)"
@@ -52,7 +52,7 @@ test: setup
 # The strategy-comparison notebooks, executed headless on a tiny preset (outputs not committed).
 NOTEBOOK_PRESET ?= smoke
 notebooks: setup
-	$(BIN)/python -m fedtune_app.notebook_runner notebooks/*.ipynb --preset "$(NOTEBOOK_PRESET)" --out $(RESULTS)/notebooks
+	$(BIN)/python -m fedtune_app.tools.notebook_runner notebooks/*.ipynb --preset "$(NOTEBOOK_PRESET)" --out $(RESULTS)/notebooks
 
 # Performance measurements (not tests): bytes, layer scaling, simulation vs plain loop, memory.
 bench: setup
@@ -62,7 +62,7 @@ bench: setup
 
 # `flwr run` leaves a detached local SuperLink (and its simulation) running: stop ours.
 stop:
-	@$(BIN)/python -m fedtune_app.local_superlink stop "$(FLWR_HOME)"
+	@$(BIN)/python -m fedtune_app.tools.local_superlink stop "$(FLWR_HOME)"
 
 clean:
 	rm -rf $(VENV) .flwr results

@@ -8,13 +8,13 @@ app = ClientApp()
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    from fedtune_app.client import handle_query  # imported on first use: keeps start-up light
+    from fedtune_app.apps.client import handle_query  # imported on first use: keeps start-up light
 
     return handle_query(msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    from fedtune_app.client import handle_train
+    from fedtune_app.apps.client import handle_train
 
     return handle_train(msg, context)

@@ -23,12 +23,13 @@ from flwr.app import Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters, initial_state  # noqa: E402
-from fedtune_app.backbones import ModelSpec, build_backbone  # noqa: E402
-from fedtune_app.config import app_defaults, parse_int_list, resolve_config  # noqa: E402
-from fedtune_app.data import num_classes_of  # noqa: E402
-from fedtune_app.methods import STRATEGIES  # noqa: E402
-from fedtune_app.strategy import ClientInfo, from_record, to_record  # noqa: E402
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state  # noqa: E402
+from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
+from fedtune_app.config import app_defaults, parse_int_list  # noqa: E402
+from fedtune_app.methods import resolve_config  # noqa: E402
+from fedtune_app.data.splits import num_classes_of  # noqa: E402
+from fedtune_app.methods import METHODS  # noqa: E402
+from fedtune_app.federated.strategy import ClientInfo, from_record, to_record  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 
@@ -48,7 +49,7 @@ def measure(job: str) -> dict:
     rng = np.random.default_rng(0)
     state = {n: rng.standard_normal(v.shape).astype(np.float32)
              for n, v in initial_state(model, cfg["seed"]).items()}
-    strategy = STRATEGIES[cfg["method"]](cfg, clients, model.num_blocks, state)
+    strategy = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, state)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     messages = strategy.configure_train(1, to_record(strategy.state), None, grid=None)
     rows = []

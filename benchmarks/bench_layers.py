@@ -18,11 +18,12 @@ from common import save, table
 
 import torch  # noqa: E402
 
-from fedtune_app.adapters import trainable_parameters  # noqa: E402
-from fedtune_app.client import runtime  # noqa: E402
-from fedtune_app.config import app_defaults, resolve_config  # noqa: E402
-from fedtune_app.data import load_data  # noqa: E402
-from fedtune_app.training import train_local  # noqa: E402
+from fedtune_app.model.adapters import trainable_parameters  # noqa: E402
+from fedtune_app.apps.client import runtime  # noqa: E402
+from fedtune_app.config import app_defaults  # noqa: E402
+from fedtune_app.methods import resolve_config  # noqa: E402
+from fedtune_app.data.splits import load_data  # noqa: E402
+from fedtune_app.training.local import train_local  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 

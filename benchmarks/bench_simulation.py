@@ -23,12 +23,12 @@ from common import (DEFAULT_JOB, GPU_JOB, GPU_JOB_8, ROOT, SMOKE_JOB, flwr_run, 
 
 import torch  # noqa: E402
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters  # noqa: E402
-from fedtune_app.backbones import ModelSpec, build_backbone  # noqa: E402
-from fedtune_app.data import client_examples, load_data, num_classes_of  # noqa: E402
-from fedtune_app.methods import STRATEGIES  # noqa: E402
-from fedtune_app.strategy import ClientInfo  # noqa: E402
-from fedtune_app.training import pick_device  # noqa: E402
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters  # noqa: E402
+from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
+from fedtune_app.data.splits import client_examples, load_data, num_classes_of  # noqa: E402
+from fedtune_app.methods import METHODS  # noqa: E402
+from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
+from fedtune_app.training.local import pick_device  # noqa: E402
 
 
 def sync(device) -> None:
@@ -46,8 +46,9 @@ def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
     from inprocess import InProcessGrid, simulation_nodes
 
     from client_app import app as client_app
-    from fedtune_app.config import app_defaults, resolve_config
-    from fedtune_app.server import run_federation
+    from fedtune_app.config import app_defaults
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.apps.server import run_federation
 
     rc = {**app_defaults(), **run_config, "results-dir": str(workdir / "results")}
     launched = time.time()
@@ -67,7 +68,7 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
     splits = load_data(cfg)
     data = {c.partition_id: client_examples(cfg, splits, c.partition_id, len(clients))
             for c in clients}
-    eval_plan = STRATEGIES[cfg["method"]](cfg, clients, model.num_blocks, {}).eval_plan()
+    eval_plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, {}).eval_plan()
 
     def one_round(r: int) -> None:
         row = allocation[r]

@@ -32,7 +32,7 @@ def child(preset: str) -> dict:
     from flwr.supercore.task_identity import TaskIdentity
 
     import client_app  # noqa: F401
-    from fedtune_app.client import handle_query, handle_train
+    from fedtune_app.apps.client import handle_query, handle_train
     t2 = time.perf_counter()
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     run_config = {"preset": preset}
@@ -43,10 +43,10 @@ def child(preset: str) -> dict:
     handle_query(query, context)
     t3 = time.perf_counter()
 
-    from fedtune_app.adapters import initial_state, names_for_plan
-    from fedtune_app.client import runtime
-    from fedtune_app.config import resolve_config
-    from fedtune_app.strategy import to_record
+    from fedtune_app.model.adapters import initial_state, names_for_plan
+    from fedtune_app.apps.client import runtime
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.federated.strategy import to_record
 
     cfg = resolve_config(run_config)
     model, _ = runtime(cfg)

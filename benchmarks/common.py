@@ -97,7 +97,7 @@ def plain_train(model, plan, inputs, labels, cfg: dict, seed: int,
                 device=torch.device("cpu")) -> None:
     """What a client's round costs without any framework: the same sub-network, optimiser,
     batches, precision and clipping, in a bare loop on tensors already in (host) memory."""
-    from fedtune_app.training import autocast, to_device
+    from fedtune_app.training.local import autocast, to_device
 
     sub = model.subnetwork(plan)
     params = [p for p in sub.parameters() if p.requires_grad]
@@ -124,7 +124,7 @@ def plain_train(model, plan, inputs, labels, cfg: dict, seed: int,
 @torch.inference_mode()
 def plain_eval(model, plan, inputs, labels, batch_size: int, device=torch.device("cpu"),
                precision: str = "fp32") -> None:
-    from fedtune_app.training import autocast, to_device
+    from fedtune_app.training.local import autocast, to_device
 
     model.eval()
     for start in range(0, len(labels), batch_size):

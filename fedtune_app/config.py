@@ -1,9 +1,13 @@
-"""Run configuration: one table of keys, their defaults, types and allowed values.
+"""Run configuration: the registry of run-config keys, their defaults, types and allowed values.
 
 Flower hands the ServerApp and every ClientApp the same flat ``run_config`` (kebab-case keys,
-scalar values). ``resolve_config`` merges, in order: the defaults below, the preset named by
-``preset`` (a TOML file in ``conf/``), then the keys given explicitly. Everything is checked
-before any training starts, and every error names the key and what is allowed.
+scalar values). The keys every run has are in ``KEYS`` below; a method registers the keys it
+owns next to its algorithm (``register_keys``, called by ``methods.registry.register_method``),
+and a module with a cross-key rule registers it (``register_check``). ``resolve`` merges, in
+order: the defaults, the main job of pyproject.toml, the preset named by ``preset`` (a TOML file
+in ``conf/``), then the keys given explicitly. Everything is checked before any training starts,
+and every error names the key and what is allowed. This module imports no other part of
+fedtune: ``fedtune_app.methods.resolve_config`` resolves with every method registered.
 """
 
 from __future__ import annotations
@@ -18,10 +22,6 @@ from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-METHODS = ("fedra", "all-large", "all-small", "inclusivefl", "depthfl", "fedbrick", "homo",
-           "heterotune", "fedmd", "feddf", "flexifed", "pfedlora")
-
-
 @dataclass(frozen=True)
 class Key:
     default: Any
@@ -33,7 +33,7 @@ class Key:
 
 KEYS: dict[str, Key] = {
     "preset": Key("", "file name in conf/ (without .toml) whose keys become the defaults"),
-    "method": Key("fedra", "federated method", choices=METHODS),
+    "method": Key("fedra", "federated method (one of the registered methods)"),
     "seed": Key(0, "seed of allocation, sampling, partitions and initial adapters", minimum=0),
     "num-server-rounds": Key(5, "federated rounds", minimum=1),
     "clients-per-round": Key(0, "clients sampled each round (0 = all)", minimum=0),
@@ -88,7 +88,7 @@ KEYS: dict[str, Key] = {
                      minimum=0),
     "results-dir": Key("", "absolute folder under which the run's results folder is written "
                        "(default: ./results of the server process)"),
-    # issue 11: reliability - reply quorum, checkpoint/resume, fault injection (tests only)
+    # reliability: reply quorum, checkpoint/resume, fault injection (tests only)
     "min-valid-replies": Key(1, "a round with fewer valid replies keeps the previous global "
                              "state", minimum=1),
     "checkpoint-every": Key(1, "write a resumable checkpoint every k rounds and after the last "
@@ -97,7 +97,7 @@ KEYS: dict[str, Key] = {
                   "continue; the other keys must match that run's"),
     "fault-injection": Key("", "TESTS ONLY: clients that misbehave on purpose, e.g. "
                            "'raise=1,nan=2' (fault=partition-id; faults: raise, nan)"),
-    # issue 8: deployment (devices fetch the frozen checkpoint once) and mixed precision
+    # deployment (devices fetch the frozen checkpoint once) and mixed precision
     "checkpoint-url": Key("", "where a node without the frozen checkpoint fetches it once "
                           "(https://, http:// or file://; a .tar/.tgz/.zip holds a Hugging Face "
                           "directory); empty = use 'model-source'"),
@@ -107,7 +107,7 @@ KEYS: dict[str, Key] = {
                           "data-dir=PATH wins; default ~/.cache/fedtune/checkpoints)"),
     "precision": Key("fp32", "'bf16': bfloat16 autocast for training and evaluation (weights and "
                      "optimizer stay float32)", choices=("fp32", "bf16")),
-    # issue 4: scenarios (capacity profiles, domain splits) and data sources
+    # scenarios (capacity profiles, domain splits) and data sources
     "capacity-profile": Key("list", "how 'capacities' maps to clients: one per client (list), one "
                             "per domain (per-domain), or levels drawn in 'capacity-ratio' "
                             "proportions over 'num-clients' clients (ratio)",
@@ -131,38 +131,7 @@ KEYS: dict[str, Key] = {
     "hf-input-column": Key("", "image or text column(s), comma separated (empty = detect)"),
     "hf-label-column": Key("label", "label column"),
     "hf-test-split": Key("test", "split used as test set (GLUE: validation)"),
-    # issue 3: depth-based baselines InclusiveFL and DepthFL
-    "inclusivefl-beta": Key(0.2, "InclusiveFL momentum-distillation weight beta (paper: 0.2)",
-                            minimum=0, maximum=1),
-    "depthfl-exit-every": Key(0, "DepthFL: an exit classifier after every k blocks (0 = auto: "
-                              "k = max(1, L // 4), i.e. 3 for 12 blocks, 1 for 6 blocks)",
-                              minimum=0),
-    "depthfl-optimizer": Key("feddyn", "DepthFL's federated optimizer: FedDyn (the paper's) or "
-                             "plain FedAvg", choices=("feddyn", "fedavg")),
-    "depthfl-feddyn-alpha": Key(0.1, "FedDyn regularisation alpha (as DepthFL's Flower "
-                                "baseline)", minimum=1e-6),
-    # issue 5: FedBRICK
-    "fedbrick-rank": Key(8, "FedBRICK: rank r of a BRICK's two low-rank paths (4rd parameters "
-                         "per BRICK)", minimum=1),
-    "fedbrick-lambda-w": Key(0.01, "FedBRICK stage I: weight of ||w - w_global||^2 on the "
-                             "retained blocks' trainables (Eq. 21)", minimum=0),
-    "fedbrick-lambda-theta": Key(0.005, "FedBRICK stage I: weight of ||theta - theta_global||^2 "
-                                 "on the missing positions' BRICKs (Eq. 21)", minimum=0),
-    "fedbrick-lambda-d": Key(0.01, "FedBRICK stage II: weight of the BRICK-vs-block "
-                             "distillation term (Eq. 24)", minimum=0),
-    "fedbrick-stage2-epochs": Key(1, "FedBRICK: local epochs of stage II (stage I runs "
-                                  "'local-epochs')", minimum=1),
-    "fedbrick-server-epochs": Key(10, "FedBRICK: epochs of server-side BRICK distillation on the "
-                                  "proxy set per round (Eq. 20; 0 = none)", minimum=0),
-    "fedbrick-server-lr": Key(1e-4, "FedBRICK: Adam learning rate of the server-side "
-                              "distillation (paper: server learning rate 1e-4)", minimum=0),
-    "proxy-fraction": Key(0.05, "fraction of each domain's training examples the server holds as "
-                          "proxy data (FedBRICK, paper: 5%); taken out of the clients' data for "
-                          "fedbrick, or for every method with 'proxy-for-all-methods'",
-                          minimum=0, maximum=0.5),
-    "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
-                                 "method, so a comparator trains on exactly FedBRICK's client data"),
-    # issue 6: model groups / HeteroTune
+    # model groups (model heterogeneity)
     "model-groups": Key("", "model heterogeneity: one backbone per model group (timm name or "
                         "Hugging Face encoder), smallest first, separated by ';' (empty = one "
                         "model for all clients, key 'model')"),
@@ -180,28 +149,13 @@ KEYS: dict[str, Key] = {
                              "equal shares)"),
     "model-group-capacities": Key("", "smallest capacity each model group needs, ascending, "
                                   "comma separated (model-group-assign = capacity)"),
-    "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
-                          "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
-                          "(0 = off); rank r = key 'lora-r'", minimum=0),
-    "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
-                                      "L-block model uses position floor(j*P/L) (0 = the "
-                                      "smallest depth among the model groups)", minimum=0),
-    # issue 7: comparators (FedProx/FedDyn local objectives; FedMD, FedDF, FlexiFed, pFedLoRA)
+    # local objective of every method against client drift (FedProx / FedDyn)
     "local-objective": Key("plain", "term added to every client's local loss against drift: "
                            "none, FedProx's proximal term, or FedDyn's dynamic regulariser "
                            "(with its server correction)", choices=("plain", "fedprox", "feddyn")),
     "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
     "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
                         "'depthfl-feddyn-alpha')", minimum=1e-6),
-    "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
-                           "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
-                           maximum=0.9),
-    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation: epochs over the public "
-                          "set per round", minimum=1),
-    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
-                      minimum=0),
-    "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
-                               minimum=1e-3),
 }
 
 
@@ -278,6 +232,21 @@ def parse_int_list(key: str, text: str) -> list[int]:
     return values
 
 
+FAULTS = ("raise", "nan")  # fault-injection kinds (apps.faults), tests only
+
+
+def parse_faults(text: str) -> dict[int, str]:
+    """``'raise=1,nan=2'`` -> {1: 'raise', 2: 'nan'}."""
+    faults = {}
+    for item in filter(None, (s.strip() for s in str(text).split(","))):
+        kind, _, pid = item.partition("=")
+        if kind.strip() not in FAULTS or not pid.strip().isdigit():
+            raise ConfigError(f"run-config key 'fault-injection': {item!r} is not "
+                              f"<fault>=<partition-id>; faults: {', '.join(FAULTS)}")
+        faults[int(pid)] = kind.strip()
+    return faults
+
+
 @functools.cache
 def app_defaults() -> dict[str, Any]:
     """[tool.flwr.app.config] of pyproject.toml: the embedded default run (the main job)."""
@@ -288,8 +257,27 @@ def app_defaults() -> dict[str, Any]:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
-def resolve_config(run_config: dict[str, Any]) -> dict[str, Any]:
-    """Library defaults <- pyproject's main job <- preset <- explicitly given keys, all checked.
+def register_keys(owner: str, keys: dict[str, Key]) -> None:
+    """Add ``owner``'s run-config keys to the registry (a method's own keys)."""
+    for key, spec in keys.items():
+        if key in KEYS:
+            raise ValueError(f"run-config key '{key}' of {owner} is already registered")
+        KEYS[key] = spec
+
+
+# Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.
+CHECKS: list = []
+
+
+def register_check(check) -> None:
+    """Add a rule that looks at the whole resolved config (keys that contradict each other)."""
+    CHECKS.append(check)
+
+
+def resolve(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Library defaults <- pyproject's main job <- preset <- explicitly given keys, all checked
+    against the keys registered so far (use ``fedtune_app.methods.resolve_config``, which
+    registers every method first).
 
     Flower passes every key of pyproject's config whether the user gave it or not, so a key
     counts as given when its value differs from pyproject's (a preset's value can therefore not
@@ -308,19 +296,13 @@ def resolve_config(run_config: dict[str, Any]) -> dict[str, Any]:
     merged["preset"] = preset
     config = {k: _coerce(k, v) for k, v in merged.items()}
     parse_int_list("capacities", config["capacities"])
-    check_conflicts(config)
-    from .groups import check_groups
-    from .methods import GROUP_STRATEGIES
-
-    check_groups(config, tuple(GROUP_STRATEGIES))
+    for check in CHECKS:
+        check(config)
     return config
 
 
-def check_conflicts(config: dict[str, Any]) -> None:
-    """Keys that are valid alone but contradict each other (issue 11)."""
-    from .faults import parse_faults
-
-    parse_faults(config["fault-injection"])
+def check_quorum(config: dict[str, Any]) -> None:
+    """A reply quorum that no round could ever meet."""
     quorum = config["min-valid-replies"]
     if config["clients-per-round"] and quorum > config["clients-per-round"]:
         raise ConfigError(f"run-config key 'min-valid-replies' = {quorum} exceeds key "
@@ -332,10 +314,10 @@ def check_conflicts(config: dict[str, Any]) -> None:
         raise ConfigError(f"run-config key 'min-valid-replies' = {quorum} exceeds the "
                           f"{num_clients} clients of key '{which}': no round could ever update "
                           "the global state")
-    if config["proxy-for-all-methods"] and config["method"] in ("fedmd", "feddf"):
-        raise ConfigError(f"run-config key 'proxy-for-all-methods' = true cannot be combined with "
-                          f"method {config['method']!r}: its public split ('public-fraction') "
-                          "already takes its own share of the clients' data")
+
+
+register_check(check_quorum)
+register_check(lambda config: parse_faults(config["fault-injection"]))
 
 
 def setup_logging() -> None:

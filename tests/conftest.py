@@ -5,7 +5,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
-from fedtune_app.backbones import ModelSpec
+from fedtune_app.model.backbones import ModelSpec
 
 TINY_VIT = ModelSpec("vit_tiny_patch16_224", "random",
                      "img_size=8,patch_size=2,in_chans=1,embed_dim=32,depth=4,num_heads=2", 3, 10)

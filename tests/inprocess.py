@@ -1,3 +1,3 @@
 """The in-process Grid lives in the library (notebooks and the comparison command use it)."""
 
-from fedtune_app.inprocess import Fault, InProcessGrid, simulation_nodes  # noqa: F401
+from fedtune_app.apps.inprocess import Fault, InProcessGrid, simulation_nodes  # noqa: F401

@@ -1,6 +1,6 @@
 import numpy as np
 
-from fedtune_app.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
 
 
 def f32(*v):

@@ -1,4 +1,4 @@
-"""Property test of the masked weighted mean (issue 11): for random plans, weights and tensors,
+"""Property test of the masked weighted mean: for random plans, weights and tensors,
 each name gets the example-weighted mean over the clients that sent it, a name nobody sent
 keeps its value exactly, and the order replies arrive in does not change a single bit."""
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedtune_app.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
 
 NAMES = [f"blocks.{j}.lora_A.weight" for j in range(5)] + ["head.weight"]
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedtune_app.allocation import (allocation_matrix, check_capacities, covering_plans,
+from fedtune_app.federated.allocation import (allocation_matrix, check_capacities, covering_plans,
                                     full_plans, prefix_plans, random_plans,
                                     smallest_prefix_plans)
 from fedtune_app.config import ConfigError

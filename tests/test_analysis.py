@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedtune_app import analysis
+from fedtune_app.tools import analysis
 
 BASE = {"method": "fedra", "seed": 0, "dataset": "digits", "dirichlet-alpha": 0.5,
         "capacities": "4,2,1", "missing-layer-policy": "keep-previous", "results-dir": "/x",
@@ -197,7 +197,7 @@ def test_cli_names_a_folder_that_is_not_a_results_folder(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory):
     """Real in-process federations (smoke preset): FedRA and AllSmall (prefix eval plan)."""
-    from fedtune_app.inprocess import run_inprocess
+    from fedtune_app.apps.inprocess import run_inprocess
 
     root = tmp_path_factory.mktemp("smoke")
     folders = [run_inprocess({"preset": "smoke", "method": m, "results-dir": str(root)})

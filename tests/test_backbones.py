@@ -5,9 +5,9 @@ import torch
 from conftest import TINY_MIXER, TINY_VIT
 from torch import nn
 
-from fedtune_app.adapters import (AdapterSpec, attach_adapters, global_name, initial_state,
+from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name, initial_state,
                                   load_state, local_name, names_for_plan, trainable_parameters)
-from fedtune_app.backbones import ModelSpec, build_backbone
+from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import ConfigError
 
 

@@ -10,11 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
-from fedtune_app.config import resolve_config
-from fedtune_app.data import Examples, client_examples, load_data
-from fedtune_app.distill import (consensus, digest_loss, distill, indexed, kd_loss,
-                                 public_split)
+from fedtune_app.federated.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import Examples, client_examples, load_data, public_split
+from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss
 from fedtune_app.methods.flexifed import common_keys
 
 
@@ -203,10 +202,10 @@ SAME_WIDTH = TWO_GROUPS | {
 def run_recording(keys, tmp_path):
     """Run in process; returns (results folder, train messages sent, replies per round)."""
     from client_app import app as client_app
-    from fedtune_app.inprocess import InProcessGrid, simulation_nodes
-    from fedtune_app.scenarios import num_clients
-    from fedtune_app.server import run_federation
-    from fedtune_app.strategy import from_record
+    from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.data.scenarios import num_clients
+    from fedtune_app.apps.server import run_federation
+    from fedtune_app.federated.strategy import from_record
 
     rc = {**keys, "results-dir": str(tmp_path)}
     cfg = resolve_config(rc)
@@ -260,7 +259,7 @@ def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
 
 
 def from_message(msg):
-    from fedtune_app.strategy import from_record
+    from fedtune_app.federated.strategy import from_record
 
     return from_record(msg.content["arrays"])
 
@@ -310,9 +309,9 @@ def test_pfedlora_two_rounds_homogeneous_adapters_shared_across_widths(tmp_path)
 
 
 def test_feddf_server_distillation_on_real_group_models():
-    from fedtune_app.groups import build_global
+    from fedtune_app.apps.evaluation import build_global
     from fedtune_app.methods.feddf import FedDF
-    from fedtune_app.strategy import ClientInfo, RoundLog
+    from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
     cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2})
     model, recipe = build_global(cfg)
@@ -335,7 +334,7 @@ def test_feddf_server_distillation_on_real_group_models():
     same, public = aggregate(**{"distill-lr": 0.0})  # no step: FedDF's fusion start, x_g
     assert all(np.array_equal(same[n], mean[n]) for n in state)
     # the teacher: the mean of the three client models' logits on the public set
-    from fedtune_app.distill import scores_on
+    from fedtune_app.training.distill import scores_on
 
     device = torch.device("cpu")
     logits = []

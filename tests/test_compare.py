@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fedtune_app.compare import compare
+from fedtune_app.tools.compare import compare
 from fedtune_app.config import ConfigError
 
 

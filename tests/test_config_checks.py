@@ -1,4 +1,4 @@
-"""Config and data-file validation added by issue 11: types, conflicting keys (both named),
+"""Config and data-file validation: types, conflicting keys (both named),
 unreadable or ill-fitting local checkpoints."""
 
 import pytest
@@ -6,8 +6,9 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import TINY_MIXER, TINY_VIT
-from fedtune_app.backbones import ModelSpec, build_backbone
-from fedtune_app.config import ConfigError, resolve_config
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
 
 
 @pytest.mark.parametrize("key, value", [("seed", True), ("lr", "nan"), ("lr", float("inf")),

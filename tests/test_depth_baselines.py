@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters, initial_state
-from fedtune_app.aggregation import ClientUpdate
-from fedtune_app.backbones import build_backbone
-from fedtune_app.config import ConfigError, resolve_config
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
 from fedtune_app.methods.depthfl import (DepthFL, DepthFLRecipe, client_depth, ensemble_log_probs,
                                          exit_depths, exit_every, self_distillation_loss)
 from fedtune_app.methods.inclusivefl import InclusiveFL
-from fedtune_app.strategy import ClientInfo, RoundLog
+from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
 from conftest import TINY_MIXER
 
@@ -197,8 +198,8 @@ def test_exits_on_a_real_model_see_their_prefix_and_the_ensemble_averages_them()
 @pytest.mark.parametrize("method", ["inclusivefl", "depthfl"])
 def test_two_rounds_end_to_end(method, tmp_path):
     from client_app import app as client_app
-    from fedtune_app.inprocess import InProcessGrid, simulation_nodes
-    from fedtune_app.server import run_federation
+    from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.apps.server import run_federation
 
     rc = {"preset": "smoke", "results-dir": str(tmp_path), "method": method}
     grid = InProcessGrid(client_app, simulation_nodes(3), rc)

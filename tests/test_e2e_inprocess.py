@@ -8,10 +8,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from client_app import app as client_app
-from fedtune_app.adapters import AdapterSpec, attach_adapters, initial_state
-from fedtune_app.backbones import ModelSpec, build_backbone
-from fedtune_app.config import app_defaults, resolve_config
-from fedtune_app.server import run_federation
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.config import app_defaults
+from fedtune_app.methods import resolve_config
+from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes
 
 SMOKE_CAPACITIES = [4, 2, 1]

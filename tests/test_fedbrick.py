@@ -10,15 +10,15 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters
-from fedtune_app.aggregation import ClientUpdate
-from fedtune_app.backbones import build_backbone
-from fedtune_app.config import resolve_config
-from fedtune_app.data import client_examples, load_data, proxy_indices
-from fedtune_app.inprocess import run_inprocess
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import client_examples, load_data, proxy_indices
+from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.methods.fedbrick import (Brick, FedBRICK, FedBRICKRecipe, anneal, block_io,
                                           distill_bricks, forward_with_bricks, layer_mse)
-from fedtune_app.strategy import ClientInfo, RoundLog
+from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
 from conftest import TINY_VIT
 
@@ -120,7 +120,7 @@ def test_stage_two_mixes_retained_blocks_with_their_bricks(setup):
 def test_bricks_on_the_text_encoder(tiny_bert_dir):
     """BERT blocks take (batch, tokens, d) with the attention-mask context: at alpha = 1 with
     every block held, stage II's forward is the plain model; a missing block runs its BRICK."""
-    from fedtune_app.backbones import ModelSpec
+    from fedtune_app.model.backbones import ModelSpec
 
     cfg = resolve_config({"preset": "smoke", "method": "fedbrick", "fedbrick-rank": 2})
     model = FedBRICKRecipe(cfg).extend(attach_adapters(
@@ -195,7 +195,7 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
             seen.append(alpha)
             return super().stage2_loss(model, plan, inputs, labels, alpha)
 
-    from fedtune_app.data import Examples
+    from fedtune_app.data.splits import Examples
 
     recipe = Recorder(cfg | {"batch-size": 2, "fedbrick-stage2-epochs": 2, "lr": 0.05})
     plan = (0, 2)
@@ -221,7 +221,7 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
 
 def test_a_distillation_step_lowers_the_layer_wise_mse(setup):
     cfg, _, model, images, labels = setup
-    from fedtune_app.data import Examples
+    from fedtune_app.data.splits import Examples
 
     bricks = model.bricks["all"]
     blocks = {n: p.detach().clone() for n, p in model.blocks.named_parameters()}

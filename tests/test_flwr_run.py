@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from fedtune_app.local_superlink import stop
+from fedtune_app.tools.local_superlink import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

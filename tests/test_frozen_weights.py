@@ -17,9 +17,10 @@ from inprocess import InProcessGrid
 from safetensors.torch import save_file
 
 from client_app import app as client_app
-from fedtune_app.frozen_weights import ensure_checkpoint, with_checkpoint
-from fedtune_app.config import ConfigError, resolve_config
-from fedtune_app.server import run_federation
+from fedtune_app.model.frozen_weights import ensure_checkpoint, with_checkpoint
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.apps.server import run_federation
 
 
 def cfg_for(path: Path, sha: str, cache: Path) -> dict:
@@ -122,7 +123,7 @@ def test_nodes_fetch_the_checkpoint_once_and_train_on_its_weights(tmp_path):
     metrics = json.loads((Path(folders[0]) / "metrics.json").read_text())
     assert 4 * (5 * 1280 + 2 * 330) <= metrics[0]["bytes-down"] < size
     # the frozen weights the node trains on are the checkpoint's, not the seeded random init
-    from fedtune_app.client import runtime
+    from fedtune_app.apps.client import runtime
     node_cfg, fetched = with_checkpoint(resolve_config(rc), nodes[0])
     assert fetched == 0
     model, _ = runtime(node_cfg)
@@ -134,7 +135,7 @@ def test_mixer_checkpoint_file_loads_although_its_entrypoint_fixes_patch_size(tm
     is then loaded into the class directly; its blocks are the checkpoint's."""
     from timm.models.mlp_mixer import MlpMixer
 
-    from fedtune_app.backbones import ModelSpec, build_backbone
+    from fedtune_app.model.backbones import ModelSpec, build_backbone
     from conftest import TINY_MIXER
 
     torch.manual_seed(4)

@@ -1,4 +1,4 @@
-"""HeteroTune (issue 6): FedAdapter (Eq. 5), fusion (Eq. 6), grouped aggregation (Algorithm 1),
+"""HeteroTune: FedAdapter (Eq. 5), fusion (Eq. 6), grouped aggregation (Algorithm 1),
 trainable tensors per group, and a two-group federation of tiny random-init ViTs."""
 
 import json
@@ -11,15 +11,15 @@ import torch
 from safetensors.numpy import load_file
 from torch import nn
 
-from fedtune_app.aggregation import ClientUpdate
-from fedtune_app.backbones import ModelSpec
-from fedtune_app.config import resolve_config
-from fedtune_app.groups import group_config
-from fedtune_app.inprocess import run_inprocess
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.model.backbones import ModelSpec
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.groups import group_config
+from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.methods import recipe_for, strategy_class
 from fedtune_app.methods.heterotune import (FedAdapter, ShareBank, fuse_state, fused_inference,
                                             position)
-from fedtune_app.strategy import ClientInfo
+from fedtune_app.federated.strategy import ClientInfo
 from test_model_groups import TWO_GROUPS
 
 CFG = {**TWO_GROUPS, "method": "heterotune"}
@@ -175,7 +175,7 @@ def test_two_group_heterotune_run(tmp_path):
 
 
 def test_table2_parameter_counts_by_hand():
-    from fedtune_app.groups import parameter_table
+    from fedtune_app.tools.config_info import parameter_table
 
     rows = parameter_table(resolve_config(CFG))
     # ViT d=16, 2 blocks, 8x8 grey images in 2x2 patches, 10 classes: patch conv 4*16+16, cls 16,

@@ -1,4 +1,4 @@
-"""Model groups (issue 6): config, assignment, per-group state and aggregation, and two-group
+"""Model groups: config, assignment, per-group state and aggregation, and two-group
 federations of tiny random-init ViTs of different widths and depths, in-process."""
 
 import json
@@ -8,15 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedtune_app import client
-from fedtune_app.aggregation import ClientUpdate
-from fedtune_app.backbones import BUILDS, ModelSpec, build_backbone
-from fedtune_app.config import ConfigError, resolve_config
-from fedtune_app.groups import (group_config, group_depths, group_specs, node_model_group,
+from fedtune_app.apps import client
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.model.backbones import BUILDS, ModelSpec, build_backbone
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.groups import (group_config, group_depths, group_specs, node_model_group,
                                 prefix)
-from fedtune_app.inprocess import run_inprocess
+from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.methods import strategy_class
-from fedtune_app.strategy import ClientInfo
+from fedtune_app.federated.strategy import ClientInfo
 
 VIT = "img_size=8,patch_size=2,in_chans=1,num_heads=2"
 TWO_GROUPS = {"preset": "smoke", "model-groups": "vit_tiny_patch16_224",
@@ -123,7 +124,7 @@ def test_two_group_homo_run_trains_each_group_model_and_reports_per_group(tmp_pa
     state = load_file(str(Path(folder) / "state.safetensors"))
     for g, width in ((0, 16), (1, 32)):
         assert state[f"{prefix(g)}head.weight"].shape == (10, width)
-    from fedtune_app.groups import build_global
+    from fedtune_app.apps.evaluation import build_global
 
     model, recipe = build_global(cfg)
     initial = recipe.initial_state(model, cfg["seed"])
@@ -156,7 +157,7 @@ def test_client_runtime_keeps_one_model_per_group():
 def test_compare_reports_smallest_largest_and_average_for_model_groups(tmp_path):
     import csv
 
-    from fedtune_app.compare import compare
+    from fedtune_app.tools.compare import compare
 
     rows = compare(["homo", "all-small"], TWO_GROUPS, tmp_path, command="test")
     with (tmp_path / "compare.csv").open() as f:

@@ -1,4 +1,4 @@
-"""No pickle anywhere data is read (issue 11): received tensors travel as ArrayRecords (numpy's
+"""No pickle anywhere data is read: received tensors travel as ArrayRecords (numpy's
 format, allow_pickle=False), checkpoints are safetensors. Unpickling runs arbitrary code, so a
 hostile client or file must never reach it; this scan keeps it out of the package for good."""
 

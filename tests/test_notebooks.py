@@ -20,7 +20,7 @@ def test_notebooks_are_committed_without_outputs(path):
 def run_notebook(tmp_path, monkeypatch):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    from fedtune_app.notebook_runner import execute
+    from fedtune_app.tools.notebook_runner import execute
 
     monkeypatch.setenv("FEDTUNE_PRESET", "smoke")
     monkeypatch.setenv("FEDTUNE_RESULTS_DIR", str(tmp_path))
@@ -28,7 +28,7 @@ def run_notebook(tmp_path, monkeypatch):
 
 
 def test_compare_strategies_notebook(run_notebook, tmp_path):
-    from fedtune_app import analysis
+    from fedtune_app.tools import analysis
 
     run_notebook("compare_strategies")
     runs = analysis.load_runs(tmp_path)

@@ -9,12 +9,13 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedtune_app.aggregation import ClientUpdate
-from fedtune_app.config import ConfigError, resolve_config
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
 from fedtune_app.methods.baselines import AllLarge
 from fedtune_app.methods.inclusivefl import InclusiveFL
-from fedtune_app.objectives import LocalObjective, objective_of
-from fedtune_app.strategy import ClientInfo, RoundLog
+from fedtune_app.federated.objectives import LocalObjective, objective_of
+from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
 
 def cfg(**keys):
@@ -152,8 +153,8 @@ def test_depthfl_keys_and_contradiction():
 
 def test_fedra_with_feddyn_end_to_end(tmp_path):
     from client_app import app as client_app
-    from fedtune_app.inprocess import InProcessGrid, simulation_nodes
-    from fedtune_app.server import run_federation
+    from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.apps.server import run_federation
 
     rc = {"preset": "smoke", "results-dir": str(tmp_path), "method": "fedra",
           "local-objective": "feddyn"}

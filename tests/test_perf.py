@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 
 from client_app import app as client_app
-from fedtune_app import client
-from fedtune_app.backbones import BUILDS
-from fedtune_app.config import app_defaults, resolve_config
-from fedtune_app.server import run_federation
+from fedtune_app.apps import client
+from fedtune_app.model.backbones import BUILDS
+from fedtune_app.config import app_defaults
+from fedtune_app.methods import resolve_config
+from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes
 
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 from conftest import TINY_VIT
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters, trainable_parameters
-from fedtune_app.backbones import build_backbone
-from fedtune_app.config import ConfigError, resolve_config
-from fedtune_app.data import Examples
-from fedtune_app.training import autocast, check_precision, predict, train_local
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, trainable_parameters
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import Examples
+from fedtune_app.training.local import autocast, check_precision, predict, train_local
 
 CPU = torch.device("cpu")
 

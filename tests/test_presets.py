@@ -10,11 +10,12 @@ import pytest
 import torch
 from inprocess import InProcessGrid, simulation_nodes
 
-from fedtune_app.backbones import ModelSpec, build_backbone
-from fedtune_app.config import CONF_DIR, ConfigError, resolve_config
-from fedtune_app.data import domain_list, load_data
-from fedtune_app.pretrain import MODELS, pretrain
-from fedtune_app.scenarios import check_scenario, client_capacities, num_clients
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.config import CONF_DIR, ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import domain_list, load_data
+from fedtune_app.tools.pretrain import MODELS, pretrain
+from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
 
 PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
 OFFLINE = [p for p in PRESETS if p.startswith("offline-")]
@@ -98,7 +99,7 @@ def test_pretrained_checkpoint_is_what_the_backbone_loads(checkpoints):
 @pytest.mark.parametrize("name", OFFLINE)
 def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     from client_app import app as client_app
-    from fedtune_app.server import run_federation
+    from fedtune_app.apps.server import run_federation
 
     preset = resolve_config({"preset": name})
     rc = {"preset": name, "results-dir": str(tmp_path), "num-server-rounds": 1,

@@ -1,4 +1,4 @@
-"""Hostile and failed replies (issue 11): each is rejected with its reason, counted, and never
+"""Hostile and failed replies: each is rejected with its reason, counted, and never
 touches the global state; the round aggregates the others; too few valid replies keep the
 previous state. Every case runs the real ClientApp through the in-process grid."""
 
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedtune_app.adapters import AdapterSpec, attach_adapters, initial_state
-from fedtune_app.backbones import ModelSpec, build_backbone
-from fedtune_app.config import ConfigError, resolve_config
-from fedtune_app.data import num_classes_of
-from fedtune_app.faults import parse_faults
-from fedtune_app.strategy import from_record, to_record
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import num_classes_of
+from fedtune_app.apps.faults import parse_faults
+from fedtune_app.federated.strategy import from_record, to_record
 from runs import TINY, assert_same_tensors, final_state, run
 
 

@@ -1,16 +1,16 @@
-"""Same seed, same run; another seed, another run (issue 11): allocation matrices, client
+"""Same seed, same run; another seed, another run: allocation matrices, client
 sampling, partitions, initial adapters and (on CPU) the final tensors of a whole run."""
 
 import numpy as np
 import pytest
 
 from conftest import TINY_MIXER
-from fedtune_app.adapters import AdapterSpec, attach_adapters, initial_state
-from fedtune_app.backbones import build_backbone
-from fedtune_app.config import resolve_config
-from fedtune_app.data import partition_indices
-from fedtune_app.methods import STRATEGIES
-from fedtune_app.strategy import ClientInfo
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import partition_indices
+from fedtune_app.methods import METHODS
+from fedtune_app.federated.strategy import ClientInfo
 from runs import assert_same_tensors, final_state, run
 
 CAPACITIES = (4, 3, 2, 2, 1)
@@ -23,7 +23,7 @@ def rounds(method: str, seed: int, policy="keep-previous", count=6):
     cfg = resolve_config({"preset": "smoke", "method": method, "seed": seed,
                           "clients-per-round": 3, "capacities": "4,3,2,2,1",
                           "missing-layer-policy": policy})
-    strategy = STRATEGIES[method](cfg, CLIENTS, 4, {})
+    strategy = METHODS[method].strategy(cfg, CLIENTS, 4, {})
     out = []
     for r in range(1, count + 1):
         sampled = strategy.sample_clients()

@@ -1,11 +1,11 @@
-"""Checkpoint and resume (issue 11): a server stopped after round 2 of 4 and resumed from its
+"""Checkpoint and resume: a server stopped after round 2 of 4 and resumed from its
 checkpoint ends bit for bit where an uninterrupted run ends; bad resumes fail clearly."""
 
 import json
 
 import pytest
 
-from fedtune_app.checkpoint import FILE
+from fedtune_app.federated.checkpoint import FILE
 from fedtune_app.config import ConfigError
 from inprocess import InProcessGrid
 from runs import assert_same_tensors, final_state, run

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedtune_app import sources
-from fedtune_app.config import ConfigError, resolve_config
-from fedtune_app.data import load_data
+from fedtune_app.data import sources
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import load_data
 
 VIT = {"model": "vit_tiny_patch16_224", "model-source": "random"}
 
@@ -209,7 +210,7 @@ def test_synthetic_images_are_seeded_balanced_and_sized():
 
 
 def test_client_examples_are_cut_once_per_process():
-    from fedtune_app.data import client_examples
+    from fedtune_app.data.splits import client_examples
 
     cfg = cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10,
                  partitioner="iid")

@@ -1,34 +1,41 @@
-"""One module per method; ``STRATEGIES`` maps the run-config ``method`` to its strategy class and
-``RECIPES`` to its client recipe when it has its own (the default: plain task loss)."""
+"""The federated methods, one module each; importing this package registers them all.
 
-from ..recipes import ClientRecipe
-from .baselines import AllLarge, AllSmall
-from .depthfl import DepthFL, DepthFLRecipe
-from .fedbrick import FedBRICK, FedBRICKRecipe
-from .feddf import FedDF
-from .fedmd import FedMD, FedMDRecipe
-from .fedra import FedRA
-from .flexifed import FlexiFed
-from .heterotune import HeteroTune, HeteroTuneRecipe
-from .inclusivefl import InclusiveFL
-from .model_groups import GroupAllLarge, GroupAllSmall, Homo
-from .pfedlora import PFedLoRA, PFedLoRARecipe
+Every module of this package (but ``registry``) is imported in name order and registers its
+method(s) with ``registry.register_method``: a new method is one new file here.
+"""
 
-STRATEGIES = {"fedra": FedRA, "all-large": AllLarge, "all-small": AllSmall,
-              "inclusivefl": InclusiveFL, "depthfl": DepthFL, "fedbrick": FedBRICK}
-RECIPES = {"depthfl": DepthFLRecipe, "fedbrick": FedBRICKRecipe, "heterotune": HeteroTuneRecipe,
-           "fedmd": FedMDRecipe, "pfedlora": PFedLoRARecipe}
-# runs with model groups (key 'model-groups' set): one backbone per group
-GROUP_STRATEGIES = {"all-small": GroupAllSmall, "all-large": GroupAllLarge, "homo": Homo,
-                    "heterotune": HeteroTune, "fedmd": FedMD, "feddf": FedDF, "flexifed": FlexiFed,
-                    "pfedlora": PFedLoRA}
+import importlib
+import pkgutil
+
+from fedtune_app.config import resolve
+from fedtune_app.data.groups import check_groups, num_groups
+from fedtune_app.methods.registry import METHODS, Method, method_of, register_method
+from fedtune_app.training.recipes import ClientRecipe
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module != "registry":
+        importlib.import_module(f"{__name__}.{_module}")
+
+__all__ = ["METHODS", "Method", "method_of", "recipe_for", "register_method", "resolve_config",
+           "strategy_class"]
+
+
+def resolve_config(run_config: dict) -> dict:
+    """The run config, every key checked (``config.resolve``), every method's keys and rules
+    known: bad configuration stops here, before any training."""
+    cfg = resolve(run_config)
+    method = method_of(cfg)
+    check_groups(cfg, [m.name for m in METHODS.values() if m.strategy],
+                 [m.name for m in METHODS.values() if m.group_strategy])
+    if method.check is not None:
+        method.check(cfg)
+    return cfg
 
 
 def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
-    return RECIPES.get(cfg["method"], ClientRecipe)(cfg, group)
+    return method_of(cfg).recipe(cfg, group)
 
 
 def strategy_class(cfg: dict):
-    from ..groups import num_groups
-
-    return (GROUP_STRATEGIES if num_groups(cfg) else STRATEGIES)[cfg["method"]]
+    method = method_of(cfg)
+    return method.group_strategy if num_groups(cfg) else method.strategy

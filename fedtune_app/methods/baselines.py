@@ -3,12 +3,18 @@
 AllLarge: every client trains the whole L-block model (as if no client were constrained): the
 ceiling. AllSmall: every client trains only the smallest client's model, the first min_i L_i
 blocks, and that small model is the global model that is evaluated.
+
+Over model groups (HeteroTune Sec. 4.1): AllSmall puts every client in the smallest group's
+model (group 0), AllLarge in the largest group's (the last), the ceiling no real federation of
+weak devices could reach; each client then trains its whole model.
 """
 
 from __future__ import annotations
 
-from ..allocation import full_plans, smallest_prefix_plans
-from ..strategy import LayerPlanStrategy
+from fedtune_app.federated.allocation import full_plans, smallest_prefix_plans
+from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.methods.registry import register_method
 
 
 class AllLarge(LayerPlanStrategy):
@@ -32,3 +38,15 @@ class AllSmall(LayerPlanStrategy):
 
     def eval_plan(self):
         return tuple(range(self.smallest))
+
+
+class GroupAllSmall(GroupStrategy):
+    name = "all-small"
+
+
+class GroupAllLarge(GroupStrategy):
+    name = "all-large"
+
+
+register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1)
+register_method("all-small", strategy=AllSmall, group_strategy=GroupAllSmall, fixed_group=0)

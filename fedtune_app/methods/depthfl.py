@@ -37,10 +37,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..adapters import block_of, names_for_plan
-from ..config import ConfigError
-from ..recipes import ClientRecipe
-from ..strategy import LayerPlanStrategy
+from fedtune_app.model.adapters import block_of, names_for_plan
+from fedtune_app.config import ConfigError
+from fedtune_app.training.recipes import ClientRecipe
+from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.config import Key
+from fedtune_app.methods.registry import register_method
 
 
 def exit_every(cfg: dict, num_layers: int) -> int:
@@ -156,3 +158,14 @@ class DepthFL(LayerPlanStrategy):
 
     def eval_plan(self):
         return tuple(range(max(self.depth_of.values())))
+
+
+register_method("depthfl", strategy=DepthFL, recipe=DepthFLRecipe, keys={
+    "depthfl-exit-every": Key(0, "DepthFL: an exit classifier after every k blocks (0 = auto: "
+                              "k = max(1, L // 4), i.e. 3 for 12 blocks, 1 for 6 blocks)",
+                              minimum=0),
+    "depthfl-optimizer": Key("feddyn", "DepthFL's federated optimizer: FedDyn (the paper's) or "
+                             "plain FedAvg", choices=("feddyn", "fedavg")),
+    "depthfl-feddyn-alpha": Key(0.1, "FedDyn regularisation alpha (as DepthFL's Flower "
+                                "baseline)", minimum=1e-6),
+})

@@ -68,13 +68,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import block_of, load_state, names_for_plan
-from ..aggregation import masked_weighted_mean
-from ..config import ConfigError
-from ..data import domain_list, load_data, proxy_indices
-from ..recipes import ClientRecipe
-from ..training import to_device, train_local
-from .fedra import FedRA
+from fedtune_app.model.adapters import block_of, load_state, names_for_plan
+from fedtune_app.federated.aggregation import masked_weighted_mean
+from fedtune_app.config import ConfigError, register_check
+from fedtune_app.data.splits import HOLDOUTS, domain_list, load_data, proxy_indices
+from fedtune_app.training.recipes import ClientRecipe
+from fedtune_app.training.local import to_device, train_local
+from fedtune_app.methods.fedra import FedRA
+from fedtune_app.config import Key
+from fedtune_app.methods.registry import register_method
 
 ALL = "all"  # the one BRICK group when clients are not split by domain
 BRICK_SEED = 0xB41C  # offset of the BRICKs' own init generator
@@ -351,3 +353,36 @@ class FedBRICK(FedRA):
             for name, p in bricks.named_parameters():
                 state[f"bricks.{domain}.{name}"] = p.detach().cpu().numpy().astype(np.float32)
         return out
+
+
+def check_config(cfg: dict) -> None:
+    """FedBRICK's proxy split and FedMD/FedDF's public split index the clients' data differently."""
+    if cfg["proxy-for-all-methods"] and HOLDOUTS.get(cfg["method"]) == "public":
+        raise ConfigError(f"run-config key 'proxy-for-all-methods' = true cannot be combined with "
+                          f"method {cfg['method']!r}: its public split ('public-fraction') "
+                          "already takes its own share of the clients' data")
+
+
+register_check(check_config)  # a rule for every method: proxy-for-all-methods applies to all
+register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="proxy", keys={
+    "fedbrick-rank": Key(8, "FedBRICK: rank r of a BRICK's two low-rank paths (4rd parameters "
+                         "per BRICK)", minimum=1),
+    "fedbrick-lambda-w": Key(0.01, "FedBRICK stage I: weight of ||w - w_global||^2 on the "
+                             "retained blocks' trainables (Eq. 21)", minimum=0),
+    "fedbrick-lambda-theta": Key(0.005, "FedBRICK stage I: weight of ||theta - theta_global||^2 "
+                                 "on the missing positions' BRICKs (Eq. 21)", minimum=0),
+    "fedbrick-lambda-d": Key(0.01, "FedBRICK stage II: weight of the BRICK-vs-block "
+                             "distillation term (Eq. 24)", minimum=0),
+    "fedbrick-stage2-epochs": Key(1, "FedBRICK: local epochs of stage II (stage I runs "
+                                  "'local-epochs')", minimum=1),
+    "fedbrick-server-epochs": Key(10, "FedBRICK: epochs of server-side BRICK distillation on the "
+                                  "proxy set per round (Eq. 20; 0 = none)", minimum=0),
+    "fedbrick-server-lr": Key(1e-4, "FedBRICK: Adam learning rate of the server-side "
+                              "distillation (paper: server learning rate 1e-4)", minimum=0),
+    "proxy-fraction": Key(0.05, "fraction of each domain's training examples the server holds as "
+                          "proxy data (FedBRICK, paper: 5%); taken out of the clients' data for "
+                          "fedbrick, or for every method with 'proxy-for-all-methods'",
+                          minimum=0, maximum=0.5),
+    "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
+                                 "method, so a comparator trains on exactly FedBRICK's client data"),
+})

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..aggregation import masked_weighted_mean
-from ..distill import distill, kd_loss, scores_on
-from ..training import pick_device
-from .fedmd import public_set
-from .model_groups import GroupStrategy
+from fedtune_app.federated.aggregation import masked_weighted_mean
+from fedtune_app.training.distill import distill, kd_loss, scores_on
+from fedtune_app.training.local import pick_device
+from fedtune_app.methods.fedmd import public_set
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.config import Key
+from fedtune_app.methods.registry import register_method
 
 
 class FedDF(GroupStrategy):
@@ -67,3 +69,9 @@ class FedDF(GroupStrategy):
                     device=self.device)
             new |= {n: p.detach().cpu().numpy().astype(mean[n].dtype) for n, p in params.items()}
         return new
+
+
+register_method("feddf", group_strategy=FedDF, holdout="public", keys={
+    "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
+                               minimum=1e-3),
+})

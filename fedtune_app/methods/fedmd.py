@@ -2,7 +2,7 @@
 workshop, arXiv 1910.03581), Algorithm 1, over model groups.
 
 Public set D_0: ``public-fraction`` (default 20%, HeteroTune's setup) of the training data,
-held out and excluded from every client's partition (``distill.public_split``). Per round t:
+held out and excluded from every client's partition (``splits.public_split``). Per round t:
   1. Communicate: each party k sends its class scores f_k(x) on D_0 (logits, P x C);
   2. Aggregate: the server averages them into the consensus f~ = 1/m sum_k f_k(x);
   3. Distribute: f~ goes to every party with the next round's task;
@@ -29,12 +29,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..aggregation import ClientUpdate, masked_weighted_mean
-from ..data import load_data, num_classes_of
-from ..distill import consensus, digest_loss, distill, public_split, scores_on
-from ..recipes import ClientRecipe
-from ..training import train_local
-from .model_groups import GroupStrategy
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.data.splits import load_data, num_classes_of, public_split
+from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
+from fedtune_app.training.recipes import ClientRecipe
+from fedtune_app.training.local import train_local
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.methods.registry import register_method
 
 CONSENSUS = "fedmd.consensus"
 
@@ -88,3 +89,6 @@ class FedMD(GroupStrategy):
         new = self.server_objective(params, masked_weighted_mean(self.state, params))
         new[CONSENSUS] = consensus([u.tensors[CONSENSUS] for u in updates])
         return new
+
+
+register_method("fedmd", group_strategy=FedMD, recipe=FedMDRecipe, holdout="public")

@@ -12,8 +12,9 @@ every column has a one (``cover-all``). (v1 of the paper numbers these Eq. 3 and
 
 from __future__ import annotations
 
-from ..allocation import covering_plans, random_plans
-from ..strategy import LayerPlanStrategy
+from fedtune_app.federated.allocation import covering_plans, random_plans
+from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.methods.registry import register_method
 
 
 class FedRA(LayerPlanStrategy):
@@ -23,3 +24,6 @@ class FedRA(LayerPlanStrategy):
         capacities = [c.capacity for c in clients]
         draw = covering_plans if self.cfg["missing-layer-policy"] == "cover-all" else random_plans
         return draw(capacities, self.num_layers, self.rng)
+
+
+register_method("fedra", strategy=FedRA)

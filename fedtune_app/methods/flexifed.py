@@ -3,7 +3,7 @@ WWW'23), its Max-Common strategy: the layers that two architectures have in comm
 from the input up to the first layer that differs, are aggregated across the clients of both;
 the rest only among clients of identical architecture.
 
-Here an architecture is a model group (``groups.<g>.`` tensors, issue 6) and its layers are its
+Here an architecture is a model group (``groups.<g>.`` tensors) and its layers are its
 blocks in order followed by the head; a layer's signature is the set of its trainable tensors
 (block-relative name and shape). Per round:
   1. clients train their group's tensors (plain local training, the default recipe);
@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..adapters import block_of
-from ..aggregation import keyed_weighted_mean
-from .model_groups import GroupStrategy
+from fedtune_app.model.adapters import block_of
+from fedtune_app.federated.aggregation import keyed_weighted_mean
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.methods.registry import register_method
 
 GROUPS = "groups."
 
@@ -88,3 +89,6 @@ class FlexiFed(GroupStrategy):
 
     def aggregate(self, updates):
         return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))
+
+
+register_method("flexifed", group_strategy=FlexiFed)

@@ -49,12 +49,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import resolve_modules, trainable_parameters
-from ..aggregation import ClientUpdate, masked_weighted_mean
-from ..backbones import build_backbone
-from ..groups import group_depths, num_groups, prefix
-from ..recipes import ClientRecipe
-from .model_groups import GroupStrategy
+from fedtune_app.model.adapters import resolve_modules, trainable_parameters
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.data.groups import group_depths, num_groups, prefix
+from fedtune_app.training.recipes import ClientRecipe
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.config import Key
+from fedtune_app.methods.registry import register_method
 
 SHARE = "share.adapter."
 
@@ -252,3 +254,13 @@ class HeteroTune(GroupStrategy):
 
     def export_state(self):
         return fuse_state(self.state, self.depths, share_positions(self.cfg))
+
+
+register_method("heterotune", group_strategy=HeteroTune, recipe=HeteroTuneRecipe, keys={
+    "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
+                          "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
+                          "(0 = off); rank r = key 'lora-r'", minimum=0),
+    "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
+                                      "L-block model uses position floor(j*P/L) (0 = the "
+                                      "smallest depth among the model groups)", minimum=0),
+})

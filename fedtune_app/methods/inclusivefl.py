@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..adapters import block_of
-from ..aggregation import ClientUpdate
-from ..allocation import prefix_plans
-from ..strategy import LayerPlanStrategy
+from fedtune_app.model.adapters import block_of
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.allocation import prefix_plans
+from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.config import Key
+from fedtune_app.methods.registry import register_method
 
 
 def suffix(name: str) -> str:
@@ -100,3 +102,9 @@ class InclusiveFL(LayerPlanStrategy):
         for name, total in sums.items():
             new[name] = (self.state[name] + total / weights[name]).astype(self.state[name].dtype)
         return self.server_objective(updates, new)
+
+
+register_method("inclusivefl", strategy=InclusiveFL, keys={
+    "inclusivefl-beta": Key(0.2, "InclusiveFL momentum-distillation weight beta (paper: 0.2)",
+                            minimum=0, maximum=1),
+})

@@ -6,9 +6,7 @@ within each group and nothing crosses groups.
 
   * Homo-training (``homo``): each group of clients trains its own model alone (its own FedAvg);
     each group's global model is evaluated.
-  * AllSmall (``all-small``): every client runs the smallest group's model (group 0).
-  * AllLarge (``all-large``): every client runs the largest group's model (the last group), the
-    ceiling no real federation of weak devices could reach.
+  * AllSmall / AllLarge over model groups: see ``baselines``.
 
 The node side puts a client in its group (``groups.node_model_group``); here the server only
 sends each client the tensors of its own group.
@@ -16,8 +14,9 @@ sends each client the tensors of its own group.
 
 from __future__ import annotations
 
-from ..groups import group_depths, prefix
-from ..strategy import LayerPlanStrategy
+from fedtune_app.data.groups import group_depths, prefix
+from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.methods.registry import register_method
 
 
 class GroupStrategy(LayerPlanStrategy):
@@ -41,9 +40,5 @@ class Homo(GroupStrategy):
     name = "homo"
 
 
-class GroupAllSmall(GroupStrategy):
-    name = "all-small"
 
-
-class GroupAllLarge(GroupStrategy):
-    name = "all-large"
+register_method("homo", group_strategy=Homo)

@@ -32,13 +32,14 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from ..adapters import block_of, is_trainable_name, resolve_modules
-from ..aggregation import keyed_weighted_mean
-from ..backbones import build_backbone
-from ..recipes import ClientRecipe
-from ..training import train_local
-from .flexifed import split_name
-from .model_groups import GroupStrategy
+from fedtune_app.model.adapters import block_of, is_trainable_name, resolve_modules
+from fedtune_app.federated.aggregation import keyed_weighted_mean
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.training.recipes import ClientRecipe
+from fedtune_app.training.local import train_local
+from fedtune_app.methods.flexifed import split_name
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.methods.registry import register_method
 
 CORE = "lora_C"
 
@@ -137,3 +138,6 @@ class PFedLoRA(GroupStrategy):
 
     def aggregate(self, updates):
         return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))
+
+
+register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe)

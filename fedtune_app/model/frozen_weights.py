@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .config import ConfigError
+from fedtune_app.config import ConfigError
 
 CHUNK = 1 << 20
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")

@@ -13,25 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ConfigError
-
-FAULTS = ("raise", "nan")
-
+from fedtune_app.config import parse_faults
 
 class InjectedFault(RuntimeError):
     """The failure a ``raise=<pid>`` item asks for."""
-
-
-def parse_faults(text: str) -> dict[int, str]:
-    """``'raise=1,nan=2'`` -> {1: 'raise', 2: 'nan'}."""
-    faults = {}
-    for item in filter(None, (s.strip() for s in str(text).split(","))):
-        kind, _, pid = item.partition("=")
-        if kind.strip() not in FAULTS or not pid.strip().isdigit():
-            raise ConfigError(f"run-config key 'fault-injection': {item!r} is not "
-                              f"<fault>=<partition-id>; faults: {', '.join(FAULTS)}")
-        faults[int(pid)] = kind.strip()
-    return faults
 
 
 def before_training(cfg: dict, partition_id: int) -> None:

@@ -5,7 +5,8 @@ trains (``trainables``), the local loss (``loss``) and training (``fit``, e.g. F
 stages), the round's config (``configure``), what runs before and after local training
 (``begin``/``end``, e.g. a node's FedDyn state), and how the server's global model predicts
 (``eval_logits``). The default recipe is plain task loss on the sub-network (FedRA, AllLarge,
-AllSmall, InclusiveFL). A method with its own recipe registers it in ``methods.RECIPES``.
+AllSmall, InclusiveFL). A method with its own recipe names it when it registers
+(``methods.registry.register_method``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from .adapters import AdapterSpec, attach_adapters, global_name, initial_state, load_state, \
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, global_name, initial_state, load_state, \
     trainable_parameters
-from .backbones import LayeredModel, ModelSpec, build_backbone
-from .training import train_local
+from fedtune_app.model.backbones import LayeredModel, ModelSpec, build_backbone
+from fedtune_app.training.local import train_local
 
 
 class ClientRecipe:

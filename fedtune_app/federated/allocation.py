@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ConfigError
+from fedtune_app.config import ConfigError
 
 Plan = tuple[int, ...]
 
@@ -73,3 +73,8 @@ def allocation_matrix(plans: list[Plan], num_layers: int) -> np.ndarray:
     for i, plan in enumerate(plans):
         m[i, list(plan)] = 1
     return m
+
+
+def draw_round_capacities(capacities: list[int], rng: np.random.Generator) -> list[int]:
+    """Dynamic heterogeneity: this round's capacity of each client ~ U[1, its capacity]."""
+    return [int(rng.integers(1, c + 1)) for c in capacities]

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .backbones import LayeredModel
-from .config import ConfigError
-from .data import Examples
+from fedtune_app.model.backbones import LayeredModel
+from fedtune_app.config import ConfigError
+from fedtune_app.data.splits import Examples
 
 
 def pick_device(choice: str = "auto") -> torch.device:

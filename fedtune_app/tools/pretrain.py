@@ -6,9 +6,9 @@ frozen backbone real, transferable features (Fashion-MNIST clothing -> digit sty
 federated methods can be compared offline. It is NOT ImageNet pretraining; results on it are not
 comparable with the papers' numbers.
 
-    python -m fedtune_app.pretrain --family vit     # ~/.cache/fedtune/vit-fmnist16.safetensors
-    python -m fedtune_app.pretrain --family vit64   # wider (dim 64) ViT for model-size groups
-    python -m fedtune_app.pretrain --family mixer   # ~/.cache/fedtune/mixer-fmnist16.safetensors
+    python -m fedtune_app.tools.pretrain --family vit     # ~/.cache/fedtune/vit-fmnist16.safetensors
+    python -m fedtune_app.tools.pretrain --family vit64   # wider (dim 64) ViT for model-size groups
+    python -m fedtune_app.tools.pretrain --family mixer   # ~/.cache/fedtune/mixer-fmnist16.safetensors
 
 It trains the whole model on Fashion-MNIST (Debian dataset-fashion-mnist; the UCI digits when
 it is absent, say so with --dataset digits) resized to 16x16 and repeated to 3 channels, prints
@@ -47,8 +47,8 @@ def linear_probe(model: nn.Module, device: torch.device, seed: int = 0) -> float
     digits (the offline presets' task), with the same train/test split as the presets."""
     from sklearn.linear_model import LogisticRegression
 
-    from .data import SPLIT_SEED, TEST_FRACTION
-    from .sources import DIGIT_STYLES, multi_domain_digits
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
+    from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
 
     raw = multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION)
     model.eval()
@@ -71,9 +71,9 @@ def pretrain(family: str, out: Path, dataset: str = "fashion-mnist", train_size:
     import timm
     from safetensors.torch import save_file
 
-    from .backbones import _timm_class
-    from .data import stratified_split
-    from .sources import digits, fashion_mnist, prepare_images
+    from fedtune_app.model.backbones import _timm_class
+    from fedtune_app.data.splits import stratified_split
+    from fedtune_app.data.sources import digits, fashion_mnist, prepare_images
 
     started = time.perf_counter()
     raw = fashion_mnist(data_dir) if dataset == "fashion-mnist" else digits()

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import sources
-from .backbones import ModelSpec, is_text_model, tokenizer_for
-from .config import ConfigError
+from fedtune_app.data import sources
+from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
+from fedtune_app.config import ConfigError
 
 SPLIT_SEED = 20240601
 TEST_FRACTION = 0.2
@@ -281,13 +281,32 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
     return tuple(out)
 
 
-PROXY_METHODS = ("fedbrick",)  # methods whose server trains on a proxy split of its own
+# Data a method's server keeps out of every client's partition, filled by the methods when they
+# register (method name -> 'proxy' | 'public'): this layer names no method.
+HOLDOUTS: dict[str, str] = {}
 
 
 def holds_out_proxy(cfg: dict) -> bool:
     """Is the server's proxy split taken out of the clients' data in this run?"""
-    return cfg["proxy-fraction"] > 0 and (cfg["method"] in PROXY_METHODS
+    return cfg["proxy-fraction"] > 0 and (HOLDOUTS.get(cfg["method"]) == "proxy"
                                           or cfg["proxy-for-all-methods"])
+
+
+def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
+    """(the training data clients are partitioned from, the public set or None).
+
+    Public set (HeteroTune Sec. 4.1: "we extracted 20% of the training set as a public
+    dataset"): ``public-fraction`` of the training data, stratified by (domain, class) with a
+    fixed seed, held out for the methods that keep a public set (FedMD, FedDF); their clients'
+    partitions are drawn from the rest only."""
+    if HOLDOUTS.get(cfg["method"]) != "public":
+        return splits.train, None
+    train = splits.train
+    strata = train.labels.numpy()
+    if train.domains is not None:
+        strata = train.domains.numpy() * splits.num_classes + strata
+    private, public = stratified_split(strata, cfg["public-fraction"], SPLIT_SEED + 3)
+    return train.subset(private), train.subset(public)
 
 
 @functools.lru_cache(maxsize=8)
@@ -317,10 +336,8 @@ def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
     """A client's training examples, kept with the (per-process cached) ``splits``: a node
     reuses its partition every round instead of copying it out again (224x224 images: 0.6 GB
     per 1,000 examples)."""
-    from .distill import PUBLIC_SET_METHODS, public_split
-
     proxy = holds_out_proxy(cfg)
-    public = cfg["method"] in PUBLIC_SET_METHODS and cfg["public-fraction"]
+    public = HOLDOUTS.get(cfg["method"]) == "public" and cfg["public-fraction"]
     key = (partition_id, num_partitions, cfg["partitioner"], cfg["dirichlet-alpha"],
            cfg["min-partition-size"], cfg["seed"], proxy and cfg["proxy-fraction"], public)
     cache = splits.__dict__.setdefault("_client_examples", {})

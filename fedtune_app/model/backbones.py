@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import ConfigError
+from fedtune_app.config import ConfigError
 
 MINILM = "all-MiniLM-L6-v2"
 
@@ -253,7 +253,7 @@ def _load_timm_file(model: nn.Module, source: str) -> None:
     if not Path(source).is_file():
         raise ConfigError(f"{where}: no such checkpoint file ({source}); allowed: pretrained, "
                           "random, or a local file (the offline presets' file is made by "
-                          "`python -m fedtune_app.pretrain --family vit|mixer`)")
+                          "`python -m fedtune_app.tools.pretrain --family vit|mixer`)")
     try:
         weights = load_state_dict(source)
     except Exception as err:  # noqa: BLE001 - truncated, not a checkpoint, unsafe pickle ...

@@ -28,11 +28,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .backbones import ModelSpec
-from .config import ConfigError, parse_int_list
+from fedtune_app.model.backbones import ModelSpec
+from fedtune_app.config import ConfigError, parse_int_list
 
 PREFIX = "groups."
-FIXED_GROUP = {"all-small": 0, "all-large": -1}  # methods that put everyone in one group
+# Methods that put every client in one group (AllSmall: 0, AllLarge: -1), filled by the methods
+# when they register: this layer names no method.
+FIXED_GROUP: dict[str, int] = {}
 
 
 def prefix(group: int) -> str:
@@ -78,7 +80,7 @@ def group_config(cfg: dict, group: int | None) -> dict:
 
 
 def group_ratio(cfg: dict) -> list[int]:
-    from .scenarios import parse_ratio
+    from fedtune_app.data.scenarios import parse_ratio
 
     m = num_groups(cfg)
     if not cfg["model-group-ratio"]:
@@ -115,18 +117,18 @@ def node_model_group(cfg: dict, partition_id: int, num_partitions: int,
                               f"threshold of run-config key 'model-group-capacities' = "
                               f"{cfg['model-group-capacities']!r}")
         return fits[-1]
-    from .scenarios import _ratio_capacities
+    from fedtune_app.data.scenarios import _ratio_capacities
 
     groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(cfg)), num_partitions,
                                cfg["seed"])
     return groups[partition_id]
 
 
-def check_groups(cfg: dict, group_methods) -> None:
+def check_groups(cfg: dict, single_model_methods, group_methods) -> None:
     """Model-group keys agree with each other and with the method (before any training)."""
     specs = group_specs(cfg)
     if not specs:
-        if cfg["method"] in group_methods and cfg["method"] not in FIXED_GROUP:
+        if cfg["method"] not in single_model_methods:
             raise ConfigError(f"run-config key 'method' = {cfg['method']!r} needs model groups: "
                               "set 'model-groups' (e.g. two timm models separated by ';')")
         return
@@ -141,7 +143,7 @@ def check_groups(cfg: dict, group_methods) -> None:
 
 @functools.lru_cache(maxsize=16)
 def _depth(spec: ModelSpec) -> int:
-    from .backbones import _build
+    from fedtune_app.model.backbones import _build
 
     with torch.device("meta"):  # architecture only: no weights are read or initialised
         return _build(replace(spec, source="random")).num_blocks
@@ -175,108 +177,3 @@ class GroupedRecipe:
         for recipe, sub in zip(self.recipes, model.groups):
             state |= recipe.initial_state(sub, seed)  # shared names: the same from every group
         return state
-
-
-def build_global(cfg: dict):
-    """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
-    from .data import num_classes_of
-    from .methods import recipe_for
-
-    specs = group_specs(cfg)
-    if not specs:
-        recipe = recipe_for(cfg)
-        return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
-    recipes = [recipe_for(cfg, g) for g in range(len(specs))]
-    models = [r.build(ModelSpec.from_config(group_config(cfg, g),
-                                            num_classes_of(group_config(cfg, g))))
-              for g, r in enumerate(recipes)]
-    return GroupedModel(models), GroupedRecipe(recipes)
-
-
-def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
-    """Table 2 for one group's model: the parameters full fine-tuning would train and send (the
-    backbone with its head, without any adapter), those a client of the method trains and sends
-    back, those it receives each round, and the reduction 1 - trained / full in %."""
-    from .adapters import trainable_parameters
-
-    plan = tuple(range(model.num_blocks))
-    size = lambda params: int(sum(p.numel() for p in params))  # noqa: E731
-    adapters = {id(p) for n, p in trainable_parameters(model).items() if not n.startswith("head.")}
-    full = size(p for p in model.parameters() if id(p) not in adapters)
-    trained = size(recipe.trainables(model, plan).values())
-    return {"model-params": full, "trainable-params": trained,
-            "received-params": size(recipe.received(model, plan).values()),
-            "reduction-%": 100.0 * (1 - trained / full)}
-
-
-class GroupedEvaluator:
-    """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
-    have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
-    are listed smallest first), ``accuracy-per-model-group``, and every group's Table-2
-    parameter counts (``params-per-model-group``). ``accuracy-per-class``: the largest group's."""
-
-    def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
-        from .server import GlobalEvaluator
-
-        used = sorted({c.model_group for c in clients})
-        self.counts = {str(g): parameter_counts(m, r)
-                       for g, (m, r) in enumerate(zip(model.groups, recipe.recipes))}
-        self.evaluators = {g: GlobalEvaluator(group_config(cfg, g), model.groups[g],
-                                              [c for c in clients if c.model_group == g],
-                                              recipe.recipes[g]) for g in used}
-
-    def __call__(self, state, plan) -> dict:
-        per = {g: ev(state, tuple(range(ev.model.num_blocks)))
-               for g, ev in self.evaluators.items()}
-        first, last = min(per), max(per)
-        acc = {str(g): m["accuracy"] for g, m in per.items()}
-        return {"accuracy": float(np.mean(list(acc.values()))),
-                "loss": float(np.mean([m["loss"] for m in per.values()])),
-                "accuracy-smallest": per[first]["accuracy"],
-                "accuracy-largest": per[last]["accuracy"],
-                "accuracy-per-model-group": acc,
-                "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
-                                       for k, v in m["accuracy-per-group"].items()},
-                "accuracy-per-class": per[last]["accuracy-per-class"],
-                "params-per-model-group": self.counts}
-
-
-def parameter_table(cfg: dict) -> list[dict]:
-    """Table 2 of a run config without any weights (architectures on the meta device)."""
-    from .data import num_classes_of
-    from .methods import recipe_for
-
-    rows = []
-    for g, spec in enumerate(group_specs(cfg)):
-        model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
-        with torch.device("meta"):
-            recipe = recipe_for(cfg, g)
-            model = recipe.build(ModelSpec.from_config(model_cfg, num_classes_of(model_cfg)))
-            rows.append({"group": g, "model": spec["model"], "model-args": spec["model-args"]}
-                        | parameter_counts(model, recipe))
-    return rows
-
-
-def main(argv: list[str]) -> None:
-    """``python -m fedtune_app.groups params 'key=value ...'``: the Table-2 parameter counts of
-    every model group of a run config (e.g. method=heterotune with ViT-T/S/B/L), in Markdown."""
-    from flwr.common.config import parse_config_args
-
-    from .config import resolve_config
-
-    if len(argv) != 2 or argv[0] != "params":
-        raise SystemExit("usage: python -m fedtune_app.groups params 'key=value ...'")
-    cfg = resolve_config(parse_config_args([argv[1]]) if argv[1].strip() else {})
-    print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
-    print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
-          "reduction (%) |\n|---|---|---|---|---|---|")
-    for r in parameter_table(cfg):
-        print(f"| {r['group']} | {r['model']} {r['model-args']} | {r['model-params'] / 1e6:.3f} "
-              f"| {r['trainable-params'] / 1e6:.4f} | {r['received-params'] / 1e6:.4f} | "
-              f"{r['reduction-%']:.2f} |")
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError
+from fedtune_app.config import ConfigError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -135,7 +135,7 @@ def style_digits(images: torch.Tensor, style: str, size: int) -> torch.Tensor:
 def multi_domain_digits(styles: list[str], size: int, split_seed: int, test_fraction: float) -> Raw:
     """Every UCI digit in each style (a domain). The train/test split is drawn on the source
     digits first, so no digit is in the test set of one domain and the training set of another."""
-    from .data import stratified_split
+    from fedtune_app.data.splits import stratified_split
 
     base = digits()
     size = size or 16

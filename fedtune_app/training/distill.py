@@ -1,10 +1,7 @@
-"""The public set and the distillation steps FedMD and FedDF share.
+"""The distillation steps FedMD and FedDF share, on the public set (``splits.public_split``).
 
-Public set (HeteroTune Sec. 4.1: "we extracted 20% of the training set as a public dataset"):
-``public-fraction`` of the training data, stratified by (domain, class) with a fixed seed, is
-held out for the methods in ``PUBLIC_SET_METHODS``; their clients' partitions are drawn from the
-rest only. Every node and the server load the same data, so the public inputs never travel;
-only scores on them do (FedMD). Labels of the public set are never used.
+Every node and the server load the same data, so the public inputs never travel; only scores on
+them do (FedMD). Labels of the public set are never used.
 
 Distillation reuses ``train_local`` (same SGD, clipping, seeded shuffling): the public examples
 are re-labelled with their own index, so a loss sees which targets belong to its batch.
@@ -16,21 +13,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import SPLIT_SEED, DataSplits, Examples, stratified_split
+from fedtune_app.config import Key, register_keys
+from fedtune_app.data.splits import Examples
 
-PUBLIC_SET_METHODS = ("fedmd", "feddf")
-
-
-def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
-    """(the training data clients are partitioned from, the public set or None)."""
-    if cfg["method"] not in PUBLIC_SET_METHODS:
-        return splits.train, None
-    train = splits.train
-    strata = train.labels.numpy()
-    if train.domains is not None:
-        strata = train.domains.numpy() * splits.num_classes + strata
-    private, public = stratified_split(strata, cfg["public-fraction"], SPLIT_SEED + 3)
-    return train.subset(private), train.subset(public)
+register_keys("the public set and distillation of FedMD and FedDF", {
+    "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
+                           "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
+                           maximum=0.9),
+    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation: epochs over the public "
+                          "set per round", minimum=1),
+    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
+                      minimum=0),
+})
 
 
 def indexed(examples: Examples) -> Examples:
@@ -70,7 +64,7 @@ def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: 
             loss, cfg: dict, seed: int, device) -> float:
     """Train ``params`` so that the model's logits on ``public`` approach ``targets`` under
     ``loss(logits, target_logits)``, for ``distill-epochs`` epochs at ``distill-lr``."""
-    from .training import train_local
+    from fedtune_app.training.local import train_local
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
     run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"]}

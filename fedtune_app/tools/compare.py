@@ -1,6 +1,6 @@
 """Compare methods on the same split, capacities and seed: one table (Markdown + CSV), one plot.
 
-    python -m fedtune_app.compare --methods all-large,all-small,inclusivefl,depthfl,fedra \\
+    python -m fedtune_app.tools.compare --methods all-large,all-small,inclusivefl,depthfl,fedra \\
         --run-config "num-server-rounds=5" --out results/compare
 
 ``--run-config`` takes what ``flwr run . --run-config`` takes (``"key=value ..."`` or a TOML
@@ -24,8 +24,9 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from .config import METHODS, ConfigError, resolve_config, setup_logging
-from .inprocess import run_inprocess
+from fedtune_app.config import ConfigError, setup_logging
+from fedtune_app.methods import METHODS, resolve_config
+from fedtune_app.apps.inprocess import run_inprocess
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -131,7 +132,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     setup_logging()
     run_config = parse_config_args([args.run_config] if args.run_config else None)
-    command = f"python -m fedtune_app.compare --methods {args.methods}" + (
+    command = f"python -m fedtune_app.tools.compare --methods {args.methods}" + (
         f" --run-config {shell_quote(args.run_config)}" if args.run_config else "")
     out = Path(args.out).resolve()
     compare([m.strip() for m in args.methods.split(",") if m.strip()], run_config, out, command)

@@ -13,19 +13,20 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from .adapters import AdapterSpec
-from .backbones import ModelSpec
-from .config import ConfigError, resolve_config
-from .data import client_examples, client_group, load_data, num_classes_of
-from .faults import after_training, before_training
-from .frozen_weights import with_checkpoint
-from .groups import group_config, node_model_group, num_groups
-from .methods import recipe_for
-from .objectives import LocalObjective
-from .perf import process_stats
-from .scenarios import client_capacities
-from .strategy import from_record, to_record
-from .training import check_precision, pick_device
+from fedtune_app.model.adapters import AdapterSpec
+from fedtune_app.model.backbones import ModelSpec
+from fedtune_app.config import ConfigError
+from fedtune_app.methods import resolve_config
+from fedtune_app.data.splits import client_examples, client_group, load_data, num_classes_of
+from fedtune_app.apps.faults import after_training, before_training
+from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.data.groups import group_config, node_model_group, num_groups
+from fedtune_app.methods import recipe_for
+from fedtune_app.federated.objectives import LocalObjective
+from fedtune_app.model.perf import process_stats
+from fedtune_app.data.scenarios import client_capacities
+from fedtune_app.federated.strategy import from_record, to_record
+from fedtune_app.training.local import check_precision, pick_device
 
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)

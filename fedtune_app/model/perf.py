@@ -8,7 +8,7 @@ import resource
 
 import torch
 
-from .backbones import BUILDS
+from fedtune_app.model.backbones import BUILDS
 
 
 def process_stats() -> dict[str, float | int]:

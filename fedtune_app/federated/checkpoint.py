@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ConfigError
-from .strategy import ClientInfo, LayerPlanStrategy, RoundLog
+from fedtune_app.config import ConfigError
+from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy, RoundLog
 
 FILE = "checkpoint.safetensors"
 META = "fedtune-checkpoint"

@@ -17,11 +17,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from .adapters import names_for_plan
-from .aggregation import ClientUpdate, masked_weighted_mean, reply_problem
-from .allocation import Plan, allocation_matrix
-from .objectives import feddyn_server_step, objective_of
-from .scenarios import draw_round_capacities
+from fedtune_app.model.adapters import names_for_plan
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
+from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
+from fedtune_app.federated.objectives import feddyn_server_step, objective_of
 
 log = logging.getLogger("fedtune")
 
@@ -36,8 +35,8 @@ class ClientInfo:
     num_examples: int
     group: str
     label_counts: tuple[int, ...] = ()
-    checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch (issue 8)
-    model_group: int = 0  # its model group (issue 6; 0 in a single-model run)
+    checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch
+    model_group: int = 0  # its model group (0 in a single-model run)
 
 
 @dataclass

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .backbones import LayeredModel
-from .config import ConfigError
+from fedtune_app.model.backbones import LayeredModel
+from fedtune_app.config import ConfigError
 
 # "last-fc" per family: the last fully connected layer of a block (FedRA's default position).
 LAST_FC = {"vit": "mlp.fc2", "mixer": "mlp_channels.fc2", "hf-encoder": "output.dense"}

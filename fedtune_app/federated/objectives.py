@@ -28,8 +28,8 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from .aggregation import ClientUpdate
-from .config import ConfigError
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.config import ConfigError
 
 
 NO_FEDDYN_SERVER_STEP = ("heterotune",)  # methods whose aggregate skips ``server_objective``
@@ -68,7 +68,7 @@ class LocalObjective:
         self.key = state_key(cfg)
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
-        from .strategy import from_record
+        from fedtune_app.federated.strategy import from_record
 
         if self.kind == "plain":  # nothing to remember: skip copying the received tensors
             return
@@ -90,7 +90,7 @@ class LocalObjective:
         return self.coef / 2 * drift - linear
 
     def end(self, params: dict[str, nn.Parameter], context: Context) -> None:
-        from .strategy import from_record, to_record
+        from fedtune_app.federated.strategy import from_record, to_record
 
         if self.kind != "feddyn":
             return

@@ -1,7 +1,7 @@
 """Stop the local SuperLink that `flwr run` leaves running (detached) under one FLWR_HOME, with
 every process it started (SuperExec, flwr-simulation, Ray), and nothing else.
 
-    python -m fedtune_app.local_superlink stop "$FLWR_HOME"
+    python -m fedtune_app.tools.local_superlink stop "$FLWR_HOME"
 """
 
 from __future__ import annotations
@@ -31,5 +31,5 @@ def stop(flwr_home: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "stop":
-        sys.exit("usage: python -m fedtune_app.local_superlink stop FLWR_HOME")
+        sys.exit("usage: python -m fedtune_app.tools.local_superlink stop FLWR_HOME")
     print(f"stopped {stop(sys.argv[2])} processes of the local SuperLink in {sys.argv[2]}")

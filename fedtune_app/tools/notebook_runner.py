@@ -1,6 +1,6 @@
 """Execute the notebooks headless (nbclient + ipykernel), so they never rot.
 
-    python -m fedtune_app.notebook_runner notebooks/*.ipynb --preset smoke --out results/notebooks
+    python -m fedtune_app.tools.notebook_runner notebooks/*.ipynb --preset smoke --out results/notebooks
 
 The notebooks read ``FEDTUNE_PRESET`` (run-config preset of every run they start) and
 ``FEDTUNE_RESULTS_DIR`` (where their runs, plots and tables go); this sets both, runs every
@@ -33,7 +33,7 @@ def execute(notebook, out_dir=None, timeout: int = 1800):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedtune_app.notebook_runner",
+    parser = argparse.ArgumentParser(prog="python -m fedtune_app.tools.notebook_runner",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+")
     parser.add_argument("--preset", default="smoke",

@@ -10,17 +10,17 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from .allocation import check_capacities
-from .checkpoint import resume, save_checkpoint
-from .config import ConfigError
-from .data import domain_list, load_data, num_classes_of
-from .frozen_weights import with_checkpoint
-from .groups import GroupedEvaluator, build_global, num_groups
-from .methods import recipe_for, strategy_class
-from .results import ResultsWriter
-from .scenarios import check_scenario, client_capacities
-from .strategy import ClientInfo, LayerPlanStrategy, to_record
-from .training import check_precision, pick_device, predict_outputs
+from fedtune_app.federated.allocation import check_capacities
+from fedtune_app.federated.checkpoint import resume, save_checkpoint
+from fedtune_app.config import ConfigError
+from fedtune_app.data.splits import domain_list
+from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build_global
+from fedtune_app.data.groups import num_groups
+from fedtune_app.methods import strategy_class
+from fedtune_app.apps.results import ResultsWriter
+from fedtune_app.data.scenarios import check_scenario, client_capacities
+from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy, to_record
 
 log = logging.getLogger("fedtune")
 
@@ -60,50 +60,6 @@ def query_nodes(grid: Grid, cfg: dict) -> list[ClientInfo]:
     if len(set(pids)) != len(pids):
         raise ConfigError(f"two nodes report the same partition-id: {sorted(pids)}")
     return sorted(clients, key=lambda c: c.partition_id)
-
-
-class GlobalEvaluator:
-    """Accuracy and loss of the global model on the held-out test set, overall and per group.
-
-    Groups: the test set's domains when it has them (accuracy on each domain's test examples);
-    otherwise one group per client, whose accuracy is the test accuracy re-weighted to that
-    client's label distribution (the global model's accuracy on data distributed like the
-    client's). A method whose global model has more than one output (DepthFL: ensemble and last
-    exit) also reports ``accuracy-<output>``."""
-
-    def __init__(self, cfg: dict, model, clients: list[ClientInfo], recipe=None):
-        self.cfg, self.model, self.clients = cfg, model, clients
-        self.recipe = recipe or recipe_for(cfg)
-        self.device = pick_device(cfg["device"])
-        check_precision(cfg["precision"], self.device)
-        self.model.to(self.device)
-        splits = load_data(cfg)
-        self.test, self.domain_names = splits.test, splits.domain_names
-
-    def __call__(self, state: dict[str, np.ndarray], plan) -> dict:
-        self.recipe.load(self.model, state)
-        outputs = predict_outputs(self.model, plan, self.test, self.cfg["eval-batch-size"],
-                                  self.device, self.cfg["precision"], self.recipe.eval_logits)
-        preds, losses = next(iter(outputs.values()))
-        labels = self.test.labels.numpy()
-        correct = preds == labels
-        per_class = np.array([correct[labels == c].mean() if (labels == c).any() else np.nan
-                              for c in range(num_classes_of(self.cfg))])
-        groups = {}
-        if self.test.domains is not None:
-            domains = self.test.domains.numpy()
-            groups = {name: float(correct[domains == d].mean())
-                      for d, name in enumerate(self.domain_names) if (domains == d).any()}
-        for c in self.clients if not groups else ():
-            weights = np.asarray(c.label_counts, dtype=float)
-            ok = ~np.isnan(per_class) & (weights > 0)
-            groups[c.group] = float((per_class[ok] * weights[ok]).sum() / weights[ok].sum())
-        extra = {f"accuracy-{name}": float((p == labels).mean())
-                 for name, (p, _) in list(outputs.items())[1:]}
-        return {"accuracy": float(correct.mean()), "loss": float(losses.mean()),
-                "accuracy-per-group": groups,
-                "accuracy-per-class": dict(zip(map(str, range(len(per_class))),
-                                               np.nan_to_num(per_class).tolist()))} | extra
 
 
 def run_federation(grid: Grid, cfg: dict) -> str:

@@ -12,7 +12,7 @@ and keys that do not change results, such as ``results-dir``), e.g. ``dirichlet-
 Accuracies in tables are percentages; std is the sample std over seeds (ddof=1).
 
 Command line (no Jupyter needed):
-    python -m fedtune_app.analysis compare results/ [--proposed fedra] [--csv t.csv] [--plots DIR]
+    python -m fedtune_app.tools.analysis compare results/ [--proposed fedra] [--csv t.csv] [--plots DIR]
 """
 
 from __future__ import annotations
@@ -528,13 +528,12 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
     import torch
     from safetensors.numpy import load_file
 
-    from .adapters import AdapterSpec, attach_adapters, load_state
-    from .backbones import ModelSpec, build_backbone
-    from .config import resolve_config
-    from .data import load_data, num_classes_of, stratified_split
-    from .methods import STRATEGIES
-    from .strategy import ClientInfo
-    from .training import to_device
+    from fedtune_app.model.adapters import AdapterSpec, attach_adapters, load_state
+    from fedtune_app.model.backbones import ModelSpec, build_backbone
+    from fedtune_app.data.splits import load_data, num_classes_of, stratified_split
+    from fedtune_app.methods import METHODS, resolve_config
+    from fedtune_app.federated.strategy import ClientInfo
+    from fedtune_app.training.local import to_device
 
     state_file = run.folder / "state.safetensors"
     if not state_file.is_file():
@@ -546,7 +545,7 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
     load_state(model, state)
     clients = [ClientInfo(**(c | {"label_counts": tuple(c["label_counts"])}))
                for c in run.clients]
-    plan = STRATEGIES[cfg["method"]](cfg, clients, model.num_blocks, state).eval_plan()
+    plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, state).eval_plan()
     splits = load_data(cfg)
     test = splits.test
     if num_examples < len(test):
@@ -619,7 +618,7 @@ def save_plots(runs: list[Run], folder, tsne: bool = False) -> list[Path]:
 
 # -- command line --------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedtune_app.analysis",
+    parser = argparse.ArgumentParser(prog="python -m fedtune_app.tools.analysis",
                                      description="Compare fedtune results folders.")
     sub = parser.add_subparsers(dest="command", required=True)
     compare = sub.add_parser("compare", help="print the paper-style table of results folders")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .perf import process_stats
-from .plots import plot_partition
+from fedtune_app.model.perf import process_stats
+from fedtune_app.apps.plots import plot_partition
 
 log = logging.getLogger("fedtune")
 

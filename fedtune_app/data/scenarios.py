@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .config import ConfigError, parse_int_list
+from fedtune_app.config import ConfigError, parse_int_list
 
 
 def parse_ratio(text: str, key: str = "capacity-ratio") -> list[int]:
@@ -97,27 +97,3 @@ def check_scenario(cfg: dict, num_domains: int | None) -> None:
                               f"{num_domains} domains and clients-per-domain = "
                               f"{k if partitioner == 'domain-dirichlet' else 1} makes {expected} "
                               f"clients, but the capacity profile describes {n}")
-
-
-def draw_round_capacities(capacities: list[int], rng: np.random.Generator) -> list[int]:
-    """Dynamic heterogeneity: this round's capacity of each client ~ U[1, its capacity]."""
-    return [int(rng.integers(1, c + 1)) for c in capacities]
-
-
-def main(argv: list[str]) -> None:
-    """``python -m fedtune_app.scenarios num-clients 'key=value ...'`` prints how many simulated
-    SuperNodes a run config needs (``make run`` sizes the federation with it)."""
-    from flwr.common.config import parse_config_args
-
-    from .config import app_defaults, resolve_config
-
-    if len(argv) != 2 or argv[0] != "num-clients":
-        raise SystemExit("usage: python -m fedtune_app.scenarios num-clients 'key=value ...'")
-    given = parse_config_args([argv[1]]) if argv[1].strip() else {}
-    print(num_clients(resolve_config({**app_defaults(), **given})))
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])

@@ -1,0 +1,118 @@
+"""The server's global model(s) and their evaluation on the held-out test set.
+
+One backbone with adapters (``GlobalEvaluator``), or with model groups one model per group
+(``GroupedEvaluator``: HeteroTune's Avg over model sizes and its Table-2 parameter counts)."""
+
+from __future__ import annotations
+
+import numpy as np
+from torch import nn
+
+from fedtune_app.data.groups import GroupedModel, GroupedRecipe, group_config, group_specs
+from fedtune_app.data.splits import load_data, num_classes_of
+from fedtune_app.federated.strategy import ClientInfo
+from fedtune_app.methods import recipe_for
+from fedtune_app.model.adapters import trainable_parameters
+from fedtune_app.model.backbones import ModelSpec
+from fedtune_app.training.local import check_precision, pick_device, predict_outputs
+
+
+class GlobalEvaluator:
+    """Accuracy and loss of the global model on the held-out test set, overall and per group.
+
+    Groups: the test set's domains when it has them (accuracy on each domain's test examples);
+    otherwise one group per client, whose accuracy is the test accuracy re-weighted to that
+    client's label distribution (the global model's accuracy on data distributed like the
+    client's). A method whose global model has more than one output (DepthFL: ensemble and last
+    exit) also reports ``accuracy-<output>``."""
+
+    def __init__(self, cfg: dict, model, clients: list[ClientInfo], recipe=None):
+        self.cfg, self.model, self.clients = cfg, model, clients
+        self.recipe = recipe or recipe_for(cfg)
+        self.device = pick_device(cfg["device"])
+        check_precision(cfg["precision"], self.device)
+        self.model.to(self.device)
+        splits = load_data(cfg)
+        self.test, self.domain_names = splits.test, splits.domain_names
+
+    def __call__(self, state: dict[str, np.ndarray], plan) -> dict:
+        self.recipe.load(self.model, state)
+        outputs = predict_outputs(self.model, plan, self.test, self.cfg["eval-batch-size"],
+                                  self.device, self.cfg["precision"], self.recipe.eval_logits)
+        preds, losses = next(iter(outputs.values()))
+        labels = self.test.labels.numpy()
+        correct = preds == labels
+        per_class = np.array([correct[labels == c].mean() if (labels == c).any() else np.nan
+                              for c in range(num_classes_of(self.cfg))])
+        groups = {}
+        if self.test.domains is not None:
+            domains = self.test.domains.numpy()
+            groups = {name: float(correct[domains == d].mean())
+                      for d, name in enumerate(self.domain_names) if (domains == d).any()}
+        for c in self.clients if not groups else ():
+            weights = np.asarray(c.label_counts, dtype=float)
+            ok = ~np.isnan(per_class) & (weights > 0)
+            groups[c.group] = float((per_class[ok] * weights[ok]).sum() / weights[ok].sum())
+        extra = {f"accuracy-{name}": float((p == labels).mean())
+                 for name, (p, _) in list(outputs.items())[1:]}
+        return {"accuracy": float(correct.mean()), "loss": float(losses.mean()),
+                "accuracy-per-group": groups,
+                "accuracy-per-class": dict(zip(map(str, range(len(per_class))),
+                                               np.nan_to_num(per_class).tolist()))} | extra
+
+
+def build_global(cfg: dict):
+    """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
+    specs = group_specs(cfg)
+    if not specs:
+        recipe = recipe_for(cfg)
+        return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
+    recipes = [recipe_for(cfg, g) for g in range(len(specs))]
+    models = [r.build(ModelSpec.from_config(group_config(cfg, g),
+                                            num_classes_of(group_config(cfg, g))))
+              for g, r in enumerate(recipes)]
+    return GroupedModel(models), GroupedRecipe(recipes)
+
+
+def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
+    """Table 2 for one group's model: the parameters full fine-tuning would train and send (the
+    backbone with its head, without any adapter), those a client of the method trains and sends
+    back, those it receives each round, and the reduction 1 - trained / full in %."""
+    plan = tuple(range(model.num_blocks))
+    size = lambda params: int(sum(p.numel() for p in params))  # noqa: E731
+    adapters = {id(p) for n, p in trainable_parameters(model).items() if not n.startswith("head.")}
+    full = size(p for p in model.parameters() if id(p) not in adapters)
+    trained = size(recipe.trainables(model, plan).values())
+    return {"model-params": full, "trainable-params": trained,
+            "received-params": size(recipe.received(model, plan).values()),
+            "reduction-%": 100.0 * (1 - trained / full)}
+
+
+class GroupedEvaluator:
+    """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
+    have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
+    are listed smallest first), ``accuracy-per-model-group``, and every group's Table-2
+    parameter counts (``params-per-model-group``). ``accuracy-per-class``: the largest group's."""
+
+    def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
+        used = sorted({c.model_group for c in clients})
+        self.counts = {str(g): parameter_counts(m, r)
+                       for g, (m, r) in enumerate(zip(model.groups, recipe.recipes))}
+        self.evaluators = {g: GlobalEvaluator(group_config(cfg, g), model.groups[g],
+                                              [c for c in clients if c.model_group == g],
+                                              recipe.recipes[g]) for g in used}
+
+    def __call__(self, state, plan) -> dict:
+        per = {g: ev(state, tuple(range(ev.model.num_blocks)))
+               for g, ev in self.evaluators.items()}
+        first, last = min(per), max(per)
+        acc = {str(g): m["accuracy"] for g, m in per.items()}
+        return {"accuracy": float(np.mean(list(acc.values()))),
+                "loss": float(np.mean([m["loss"] for m in per.values()])),
+                "accuracy-smallest": per[first]["accuracy"],
+                "accuracy-largest": per[last]["accuracy"],
+                "accuracy-per-model-group": acc,
+                "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
+                                       for k, v in m["accuracy-per-group"].items()},
+                "accuracy-per-class": per[last]["accuracy-per-class"],
+                "params-per-model-group": self.counts}

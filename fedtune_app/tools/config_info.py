@@ -1,0 +1,60 @@
+"""What a run config implies, without running it.
+
+    python -m fedtune_app.tools.config_info num-clients 'key=value ...'
+        how many simulated SuperNodes the run needs (``make run`` sizes the federation with it)
+    python -m fedtune_app.tools.config_info params 'key=value ...'
+        the Table-2 parameter counts of every model group (e.g. method=heterotune with
+        ViT-T/S/B/L), in Markdown, from the architectures on the meta device (no weights)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from flwr.common.config import parse_config_args
+
+from fedtune_app.apps.evaluation import parameter_counts
+from fedtune_app.config import app_defaults
+from fedtune_app.data.groups import group_config, group_specs
+from fedtune_app.data.scenarios import num_clients
+from fedtune_app.data.splits import num_classes_of
+from fedtune_app.methods import recipe_for, resolve_config
+from fedtune_app.model.backbones import ModelSpec
+
+
+def parameter_table(cfg: dict) -> list[dict]:
+    """Table 2 of a run config without any weights (architectures on the meta device)."""
+    rows = []
+    for g, spec in enumerate(group_specs(cfg)):
+        model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
+        with torch.device("meta"):
+            recipe = recipe_for(cfg, g)
+            model = recipe.build(ModelSpec.from_config(model_cfg, num_classes_of(model_cfg)))
+            rows.append({"group": g, "model": spec["model"], "model-args": spec["model-args"]}
+                        | parameter_counts(model, recipe))
+    return rows
+
+
+def print_parameter_table(cfg: dict) -> None:
+    print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
+    print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
+          "reduction (%) |\n|---|---|---|---|---|---|")
+    for r in parameter_table(cfg):
+        print(f"| {r['group']} | {r['model']} {r['model-args']} | {r['model-params'] / 1e6:.3f} "
+              f"| {r['trainable-params'] / 1e6:.4f} | {r['received-params'] / 1e6:.4f} | "
+              f"{r['reduction-%']:.2f} |")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2 or argv[0] not in ("num-clients", "params"):
+        raise SystemExit(__doc__)
+    given = parse_config_args([argv[1]]) if argv[1].strip() else {}
+    if argv[0] == "num-clients":
+        print(num_clients(resolve_config({**app_defaults(), **given})))
+    else:
+        print_parameter_table(resolve_config(given))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
