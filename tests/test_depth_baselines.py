@@ -68,9 +68,12 @@ def test_exit_placement_rules():
         client_depth(2, (3, 6, 9, 12))
 
 
+EXIT_DEPTH = {"depthfl-client-depth": "exit-depth"}  # DepthFL's own stages
+
+
 def test_depthfl_plans_payloads_and_bad_capacity():
     infos = clients((3, 10), (4, 10), (2, 10))
-    strategy = DepthFL(cfg(method="depthfl", **{"depthfl-exit-every": 2}), infos, 4,
+    strategy = DepthFL(cfg(method="depthfl", **{"depthfl-exit-every": 2}, **EXIT_DEPTH), infos, 4,
                        tiny_state(4, exits=(2,)))
     plans = strategy.plan_round(1, infos)
     assert plans == [(0, 1), (0, 1, 2, 3), (0, 1)]  # capacity 3 -> depth 2 (exits at 2, 4)
@@ -79,8 +82,15 @@ def test_depthfl_plans_payloads_and_bad_capacity():
         ["exits.2.w", "head.w"]
     assert strategy.eval_plan() == (0, 1, 2, 3)
     with pytest.raises(ConfigError, match="capacity 1 holds no DepthFL exit"):
-        DepthFL(cfg(method="depthfl", **{"depthfl-exit-every": 2}), clients((1, 5)), 4,
-                tiny_state(4, exits=(2,)))
+        DepthFL(cfg(method="depthfl", **{"depthfl-exit-every": 2}, **EXIT_DEPTH),
+                clients((1, 5)), 4, tiny_state(4, exits=(2,)))
+    # at the client's own depth (the default) capacity 3 keeps its 3 blocks, exit 2 and the head
+    own = DepthFL(cfg(method="depthfl", **{"depthfl-exit-every": 2}), infos, 4,
+                  tiny_state(4, exits=(2,)))
+    assert own.plan_round(1, infos) == [(0, 1, 2), (0, 1, 2, 3), (0, 1)]
+    assert own.payload((0, 1, 2)) == ["blocks.0.w", "blocks.1.w", "blocks.2.w", "exits.2.w",
+                                      "head.w"]
+    assert own.payload((0, 1)) == ["blocks.0.w", "blocks.1.w", "head.w"]
 
 
 def test_exit_heads_averaged_over_their_holders_fedavg_and_feddyn():
@@ -173,7 +183,7 @@ def test_ensemble_is_the_mean_of_the_exit_probabilities():
 
 
 def test_exits_on_a_real_model_see_their_prefix_and_the_ensemble_averages_them():
-    config = cfg(method="depthfl", **{"depthfl-exit-every": 2})
+    config = cfg(method="depthfl", **{"depthfl-exit-every": 2}, **EXIT_DEPTH)
     recipe = DepthFLRecipe(config)
     model = recipe.extend(attach_adapters(build_backbone(TINY_MIXER), AdapterSpec())).eval()
     state = initial_state(model, seed=3)
@@ -214,10 +224,11 @@ def test_two_rounds_end_to_end(method, tmp_path):
     blocks = {n.split(".")[1] for n in sent_to_smallest if n.startswith("blocks.")}
     assert blocks == {"0"}
     if method == "depthfl":  # smoke: 4 blocks -> auto k = 1, exits after 1, 2, 3 and the head
+        # capacity 1: its one block and the head as its exit (no lost layer, no exit 1)
         assert {n for n in sent_to_smallest if not n.startswith("blocks.")} == \
-            {"exits.1.weight", "exits.1.bias"}
+            {"head.weight", "head.bias"}
         assert {"accuracy-last-exit", "accuracy-exit-1"} <= set(metrics[-1])
-        node = grid.contexts[grid.node_ids[2]]  # FedDyn state kept by the node across rounds
-        assert set(node.state["depthfl-feddyn-h"]) == sent_to_smallest
+        node = grid.contexts[grid.node_ids[2]]  # FedAvg by default: no FedDyn node state
+        assert "depthfl-feddyn-h" not in node.state
     else:
         assert "head.weight" in sent_to_smallest

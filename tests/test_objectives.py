@@ -135,14 +135,17 @@ def test_inclusivefl_ends_with_the_feddyn_step():
 
 
 def test_depthfl_keys_and_contradiction():
-    assert objective_of(cfg(method="depthfl")) == ("feddyn", 0.1)
-    assert objective_of(cfg(method="depthfl", **{"depthfl-feddyn-alpha": 0.3})) == ("feddyn", 0.3)
+    assert objective_of(cfg(method="depthfl")) == ("plain", 0)  # FedAvg, as FedRA ran it
+    feddyn = {"depthfl-optimizer": "feddyn"}  # DepthFL's own paper
+    assert objective_of(cfg(method="depthfl", **feddyn)) == ("feddyn", 0.1)
+    assert objective_of(cfg(method="depthfl", **feddyn, **{"depthfl-feddyn-alpha": 0.3})) == \
+        ("feddyn", 0.3)
     assert objective_of(cfg(method="depthfl", **{"depthfl-optimizer": "fedavg"})) == ("plain", 0)
     assert objective_of(cfg(method="depthfl", **{"depthfl-optimizer": "fedavg",
                                                  "local-objective": "fedprox",
                                                  "fedprox-mu": 0.2})) == ("fedprox", 0.2)
     with pytest.raises(ConfigError, match="'depthfl-optimizer' = 'feddyn' and 'local-objective'"):
-        objective_of(cfg(method="depthfl", **{"local-objective": "fedprox"}))
+        objective_of(cfg(method="depthfl", **feddyn, **{"local-objective": "fedprox"}))
     with pytest.raises(ConfigError, match="allowed: plain, fedprox, feddyn"):
         cfg(**{"local-objective": "scaffold"})
     heterotune = {"method": "heterotune", "local-objective": "feddyn",

@@ -8,6 +8,7 @@ the planned blocks, and replies with the same names. Frozen weights never travel
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -129,6 +130,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in 0..{model.num_blocks-1}")
     recipe.configure(dict(msg.content["config"]))
+    # the official FedRA code's per-round cap (``fedra-repo-batch-cap``); |D_i| stays the same
+    num_examples = len(examples)
+    examples = replace(examples, max_batches=int(msg.content["config"].get("max-batches", 0)))
     params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
     received = from_record(msg.content["arrays"])
     if set(received) != set(loaded):
@@ -151,7 +155,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     objective.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
                              | recipe.reply())
-    metrics = MetricRecord({"num-examples": len(examples), "train-loss": loss,
+    metrics = MetricRecord({"num-examples": num_examples, "train-loss": loss,
                             "fit-seconds": fit_seconds,
                             "train-seconds": time.perf_counter() - started,
                             "checkpoint-bytes": fetched, **process_stats()})

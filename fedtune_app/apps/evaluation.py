@@ -23,8 +23,10 @@ class GlobalEvaluator:
     Groups: the test set's domains when it has them (accuracy on each domain's test examples);
     otherwise one group per client, whose accuracy is the test accuracy re-weighted to that
     client's label distribution (the global model's accuracy on data distributed like the
-    client's). A method whose global model has more than one output (DepthFL: ensemble and last
-    exit) also reports ``accuracy-<output>``."""
+    client's). ``accuracy`` is the papers' headline: the mean over the domains when the test set
+    has domains (FedRA's and FedBRICK's "Average"), else the accuracy over all test examples;
+    ``accuracy-pooled`` is always the latter. A method whose global model has more than one
+    output (DepthFL: ensemble and last exit) also reports ``accuracy-<output>`` (headline)."""
 
     def __init__(self, cfg: dict, model, clients: list[ClientInfo], recipe=None):
         self.cfg, self.model, self.clients = cfg, model, clients
@@ -35,6 +37,19 @@ class GlobalEvaluator:
         splits = load_data(cfg)
         self.test, self.domain_names = splits.test, splits.domain_names
 
+    def per_domain(self, correct: np.ndarray) -> dict[str, float]:
+        """Domain name -> accuracy on its test examples ({} without domains)."""
+        if self.test.domains is None:
+            return {}
+        domains = self.test.domains.numpy()
+        return {name: float(correct[domains == d].mean())
+                for d, name in enumerate(self.domain_names) if (domains == d).any()}
+
+    def headline(self, correct: np.ndarray) -> float:
+        """Mean over domains where the test set has them, else over all test examples."""
+        domains = self.per_domain(correct)
+        return float(np.mean(list(domains.values()))) if domains else float(correct.mean())
+
     def __call__(self, state: dict[str, np.ndarray], plan) -> dict:
         self.recipe.load(self.model, state)
         outputs = predict_outputs(self.model, plan, self.test, self.cfg["eval-batch-size"],
@@ -44,19 +59,15 @@ class GlobalEvaluator:
         correct = preds == labels
         per_class = np.array([correct[labels == c].mean() if (labels == c).any() else np.nan
                               for c in range(num_classes_of(self.cfg))])
-        groups = {}
-        if self.test.domains is not None:
-            domains = self.test.domains.numpy()
-            groups = {name: float(correct[domains == d].mean())
-                      for d, name in enumerate(self.domain_names) if (domains == d).any()}
+        groups = self.per_domain(correct)
         for c in self.clients if not groups else ():
             weights = np.asarray(c.label_counts, dtype=float)
             ok = ~np.isnan(per_class) & (weights > 0)
             groups[c.group] = float((per_class[ok] * weights[ok]).sum() / weights[ok].sum())
-        extra = {f"accuracy-{name}": float((p == labels).mean())
+        extra = {f"accuracy-{name}": self.headline(p == labels)
                  for name, (p, _) in list(outputs.items())[1:]}
-        return {"accuracy": float(correct.mean()), "loss": float(losses.mean()),
-                "accuracy-per-group": groups,
+        return {"accuracy": self.headline(correct), "accuracy-pooled": float(correct.mean()),
+                "loss": float(losses.mean()), "accuracy-per-group": groups,
                 "accuracy-per-class": dict(zip(map(str, range(len(per_class))),
                                                np.nan_to_num(per_class).tolist()))} | extra
 
@@ -90,9 +101,11 @@ def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
 
 class GroupedEvaluator:
     """Each group's global model on the test set; ``accuracy`` is the mean over the groups that
-    have clients (the paper's Avg), with ``accuracy-smallest`` / ``accuracy-largest`` (groups
-    are listed smallest first), ``accuracy-per-model-group``, and every group's Table-2
-    parameter counts (``params-per-model-group``). ``accuracy-per-class``: the largest group's."""
+    have clients (the paper's Avg) of each group's headline accuracy (``accuracy-pooled``: of
+    their accuracies over all test examples), with ``accuracy-smallest`` /
+    ``accuracy-largest`` (groups are listed smallest first), ``accuracy-per-model-group``, and
+    every group's Table-2 parameter counts (``params-per-model-group``).
+    ``accuracy-per-class``: the largest group's."""
 
     def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
         used = sorted({c.model_group for c in clients})
@@ -108,6 +121,7 @@ class GroupedEvaluator:
         first, last = min(per), max(per)
         acc = {str(g): m["accuracy"] for g, m in per.items()}
         return {"accuracy": float(np.mean(list(acc.values()))),
+                "accuracy-pooled": float(np.mean([m["accuracy-pooled"] for m in per.values()])),
                 "loss": float(np.mean([m["loss"] for m in per.values()])),
                 "accuracy-smallest": per[first]["accuracy"],
                 "accuracy-largest": per[last]["accuracy"],

@@ -58,7 +58,8 @@ class ResultsWriter:
                      for pid, names in self.strategy.payload_names(entry).items()}
         record = {
             "round": server_round,
-            "accuracy": evaluation.get("accuracy"),
+            "accuracy": evaluation.get("accuracy"),  # headline: mean over domains if any
+            "accuracy-pooled": evaluation.get("accuracy-pooled"),  # over all test examples
             "accuracy-per-group": evaluation.get("accuracy-per-group"),
             "accuracy-per-class": evaluation.get("accuracy-per-class"),
             "loss": evaluation.get("loss"),
@@ -81,6 +82,8 @@ class ResultsWriter:
         self.metrics.append(record)
         write_json(self.folder / "metrics.json", self.metrics)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"
+        if record["accuracy-pooled"] is not None and record["accuracy-pooled"] != record["accuracy"]:
+            acc += f" (pooled {record['accuracy-pooled']:.4f})"
         loss = "  -  " if record["loss"] is None else f"{record['loss']:.3f}"
         log.info("round %d/%d | accuracy %s | loss %s | train-loss %.3f | down %.2f MB | "
                  "up %.2f MB | rejected %d | %.1f s", server_round, self.cfg["num-server-rounds"],
@@ -106,10 +109,16 @@ def plot_accuracy(metrics: list[dict], path: Path, label: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(m["round"], m["accuracy"]) for m in metrics if m["accuracy"] is not None]
+    points = [(m["round"], m["accuracy"], m.get("accuracy-pooled")) for m in metrics
+              if m["accuracy"] is not None]
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
     if points:
-        ax.plot(*zip(*points), marker="o", label=label)
+        rounds, headline, pooled = zip(*points)
+        distinct = any(p is not None and p != h for h, p in zip(headline, pooled))
+        ax.plot(rounds, headline, marker="o",
+                label=f"{label} (mean over domains)" if distinct else label)
+        if distinct:
+            ax.plot(rounds, pooled, marker=".", linestyle="--", label=f"{label} (all test examples)")
         ax.legend()
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("round")

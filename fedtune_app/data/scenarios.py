@@ -87,6 +87,15 @@ def check_scenario(cfg: dict, num_domains: int | None) -> None:
         if num_domains is not None and given != num_domains:
             raise ConfigError(f"run-config key 'capacities' lists {given} values but the data "
                               f"set uses {num_domains} domains (capacity-profile per-domain)")
+    if cfg["client-sampling"] == "per-domain":
+        if not partitioner.startswith("domain"):
+            raise ConfigError("run-config key 'client-sampling' = 'per-domain' needs "
+                              "'partitioner' = domain or domain-dirichlet (clients with domains)")
+        k_round = cfg["clients-per-round"]
+        if k_round and num_domains is not None and k_round != num_domains:
+            raise ConfigError(f"run-config key 'clients-per-round' = {k_round} but "
+                              f"'client-sampling' = 'per-domain' draws one client from each of "
+                              f"the {num_domains} domains; set it to {num_domains} or 0")
     if partitioner.startswith("domain"):
         if not num_domains:
             raise ConfigError(f"run-config key 'partitioner' = {partitioner!r} needs a data set "

@@ -12,6 +12,7 @@ and tokenises the data once, not once per round.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Examples:
     inputs: torch.Tensor | dict[str, torch.Tensor]
     labels: torch.Tensor
     domains: torch.Tensor | None = None
+    max_batches: int = 0  # at most this many batches per pass (0 = all; ``fedra-repo-batch-cap``)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -42,11 +44,17 @@ class Examples:
         domains = None if self.domains is None else self.domains[index]
         return Examples(inputs, self.labels[index], domains)
 
+    def num_batches(self, batch_size: int) -> int:
+        """Batches of one pass."""
+        full = math.ceil(len(self) / batch_size)
+        return min(full, self.max_batches) if self.max_batches else full
+
     def batches(self, batch_size: int, generator: torch.Generator | None = None):
         """(inputs, labels) mini-batches; shuffled when a generator is given."""
         order = (torch.randperm(len(self), generator=generator) if generator is not None
                  else torch.arange(len(self)))
-        for start in range(0, len(self), batch_size):
+        starts = range(0, len(self), batch_size)
+        for start in starts[:self.max_batches or None]:
             part = self.subset(order[start:start + batch_size])
             inputs = part.inputs.load() if hasattr(part.inputs, "load") else part.inputs
             yield inputs, part.labels

@@ -37,8 +37,8 @@ NO_FEDDYN_SERVER_STEP = ("heterotune",)  # methods whose aggregate skips ``serve
 
 def objective_of(cfg: dict) -> tuple[str, float]:
     """(kind, coefficient) of this run's local objective: (plain, 0), (fedprox, mu) or
-    (feddyn, alpha). DepthFL trains with FedDyn by default (``depthfl-optimizer``); with
-    ``depthfl-optimizer = fedavg`` it follows ``local-objective`` like every method."""
+    (feddyn, alpha). DepthFL with ``depthfl-optimizer = feddyn`` (its own paper's setting)
+    trains with FedDyn; with ``fedavg`` (the default) it follows ``local-objective``."""
     kind = cfg["local-objective"]
     if cfg["method"] == "depthfl" and cfg["depthfl-optimizer"] == "feddyn":
         if kind != "plain":

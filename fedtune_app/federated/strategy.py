@@ -9,6 +9,7 @@ that overrides ``plan_round`` (and, if it needs to, ``eval_plan`` or ``aggregate
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -158,11 +159,30 @@ class LayerPlanStrategy(Strategy):
 
     # -- Flower Strategy API --------------------------------------------------------------
     def sample_clients(self) -> list[ClientInfo]:
+        if self.cfg["client-sampling"] == "per-domain":
+            return self.one_client_per_domain()
         k = self.cfg["clients-per-round"]
         if not k or k >= len(self.clients):
             return list(self.clients)
         picked = sorted(self.rng.choice(len(self.clients), size=k, replace=False))
         return [self.clients[i] for i in picked]
+
+    def one_client_per_domain(self) -> list[ClientInfo]:
+        """One client drawn uniformly from each domain's clients (domains in order of their
+        first partition id), as the official FedRA code samples its Table 2 rounds."""
+        domains: dict[str, list[ClientInfo]] = {}
+        for c in self.clients:
+            domains.setdefault(c.group, []).append(c)
+        picked = [group[self.rng.integers(len(group))] for group in domains.values()]
+        return sorted(picked, key=lambda c: c.partition_id)
+
+    def max_batches(self) -> int:
+        """Cap on a client's batches per local epoch (0 = none): the official FedRA code's
+        m + 1, m = the smallest client's number of batches (``fedra-repo-batch-cap``)."""
+        if not self.cfg["fedra-repo-batch-cap"]:
+            return 0
+        smallest = min(c.num_examples for c in self.clients)
+        return math.ceil(smallest / self.cfg["batch-size"]) + 1
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
@@ -170,6 +190,7 @@ class LayerPlanStrategy(Strategy):
         clients = self.round_clients(self.sample_clients())
         plans = self.plan_round(server_round, clients)
         entry = RoundLog(server_round)
+        cap = {"max-batches": m} if (m := self.max_batches()) else {}
         self._sent = {}
         messages = []
         for client, plan in zip(clients, plans):
@@ -181,7 +202,7 @@ class LayerPlanStrategy(Strategy):
             self._sent[client.node_id] = {n: payload[n]
                                           for n in self.reply_names(client, list(payload))}
             content = RecordDict({"arrays": record, "config": ConfigRecord(
-                {"layers": list(plan), "server-round": server_round}
+                {"layers": list(plan), "server-round": server_round} | cap
                 | self.train_config(client, plan))})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=client.node_id, group_id=str(server_round)))
@@ -224,6 +245,8 @@ class LayerPlanStrategy(Strategy):
         if losses:
             entry.train_loss = float(np.average([l for l, _ in losses],
                                                 weights=[n for _, n in losses]))
+        if self.cfg["fedra-repo-unweighted"]:  # every mean counts each client once
+            updates = [replace(u, num_examples=1) for u in updates]
         if len(updates) >= self.cfg["min-valid-replies"]:
             self.state = self.aggregate(updates)
         else:

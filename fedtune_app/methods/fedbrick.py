@@ -6,22 +6,27 @@ i.e. 4rd parameters. There is one BRICK per domain c and block position l, on th
 ``bricks.<c>.<l>.<A1|B1|A2|B2>``; the server keeps them in its state next to the adapters.
 
 Per round t (FedRA allocation, Eq. 2/3, decides the plans S_k):
-  1. client k of domain c(k) gets its planned blocks' trainables w_l (l in S_k), the head and
+  1. server, at the start of the round, per domain c (Eq. 20: "At the beginning of the t-th
+     communication round ... After distillation, each client k receives ..."): layer-wise
+     distillation of every BRICK theta_{c,l} against the global block f_l(.; w^t) (the global
+     adapters loaded) on the server's proxy set D_proxy^(c):  min MSE(E_{c,l}(a_{l-1}),
+     f_l(a_{l-1})), a_{l-1} = the global model's input to block l; ``fedbrick-server-epochs``
+     epochs (paper: 10). Round 1's clients thus get BRICKs distilled against the pretrained
+     blocks, not the near-identity initial ones;
+  2. client k of domain c(k) gets its planned blocks' trainables w_l (l in S_k), the head and
      ALL L BRICKs theta_{c(k),.} of its domain;
-  2. stage I (Eq. 21): BRICKs fill the missing positions; train w_l (l in S_k), the head and
+  3. stage I (Eq. 21): BRICKs fill the missing positions; train w_l (l in S_k), the head and
      theta_{c,l} (l not in S_k) on
          CE(y, y_hat) + lambda_w sum_{l in S_k} ||w_l - w_l^t||^2
                       + lambda_theta sum_{l not in S_k} ||theta_{c,l} - theta_{c,l}^t||^2;
-  3. stage II (Eq. 22-24): each retained block runs in parallel with its BRICK,
+  4. stage II (Eq. 22-24): each retained block runs in parallel with its BRICK,
          a_l = alpha_e f_l(a_{l-1}) + (1 - alpha_e) E_l(a_{l-1}),  alpha_e = 1 - e / E2,
      missing positions use their (now fixed) BRICK; train theta_{c,l} (l in S_k) only, on
          CE(y, z_hat) + lambda_d / |S_k| sum_{l in S_k} MSE(E_l(a_{l-1}), f_l(a_{l-1}));
-  4. server: masked example-weighted mean of every tensor over the clients that sent it
-     (backbone trainables and head as FedRA; a domain's BRICKs over that domain's clients);
-  5. server, per domain c (Eq. 20): layer-wise distillation of every BRICK theta_{c,l} against
-     the global block f_l(.; w^{t+1}) (aggregated adapters loaded) on the server's proxy set
-     D_proxy^(c):  min MSE(E_{c,l}(a_{l-1}), f_l(a_{l-1})), a_{l-1} = the global model's input
-     to block l; ``fedbrick-server-epochs`` epochs (paper: 10).
+  5. server: masked example-weighted mean of every tensor over the clients that sent it
+     (backbone trainables and head as FedRA; a domain's BRICKs over that domain's clients),
+     then the local objective's server step (FedDyn's correction with
+     ``local-objective = feddyn``; the paper uses plain FedAvg).
 The global model (evaluation) is the plain backbone with all L blocks; BRICKs are client-side
 helpers only.
 
@@ -245,7 +250,7 @@ class FedBRICKRecipe(ClientRecipe):
         loss = train_local(model, stage1, examples, self.cfg, seed=seed, device=device,
                            loss_fn=loss_fn)
         cfg2 = self.cfg | {"local-epochs": self.cfg["fedbrick-stage2-epochs"]}
-        total = cfg2["local-epochs"] * math.ceil(len(examples) / cfg2["batch-size"])
+        total = cfg2["local-epochs"] * examples.num_batches(cfg2["batch-size"])
         steps = itertools.count()  # train_local calls the loss once per optimizer step
         train_local(model, stage2, examples, cfg2, seed=seed + 1, device=device,
                     loss_fn=lambda x, y: self.stage2_loss(model, plan, x, y,
@@ -284,9 +289,13 @@ class FedBRICK(FedRA):
         return {"brick-domain": self.domain_of[client.partition_id]}
 
     def configure_train(self, server_round, arrays, config, grid):
+        started = time.perf_counter()
+        mse = self.server_distill(self.state, server_round + self.round_offset)  # step 1
+        seconds = time.perf_counter() - started
         messages = super().configure_train(server_round, arrays, config, grid)
         entry = self.history[-1]
         entry.method_metrics |= {
+            "server-distill-seconds": seconds, "server-distill-mse": mse,
             "brick-bytes-down": int(sum(v.nbytes for sent in self._sent.values()
                                         for n, v in sent.items() if n.startswith("bricks."))),
             **self.overheads(entry)}
@@ -308,17 +317,12 @@ class FedBRICK(FedRA):
             share[str(pid)] = n / (shared + sum(per_block[l] for l in plan))
         return {"brick-params": params, "brick-share": share}
 
-    # -- aggregation: masked mean, then server-side distillation ----------------------------
+    # -- aggregation: masked mean (step 5) ------------------------------------------------
     def aggregate(self, updates):
         new = masked_weighted_mean(self.state, updates)
-        entry = self.history[-1]
-        entry.method_metrics["brick-bytes-up"] = int(sum(
+        self.history[-1].method_metrics["brick-bytes-up"] = int(sum(
             v.nbytes for u in updates for n, v in u.tensors.items() if n.startswith("bricks.")))
-        started = time.perf_counter()
-        mse = self.server_distill(new, entry.round)
-        entry.method_metrics |= {"server-distill-seconds": time.perf_counter() - started,
-                                 "server-distill-mse": mse}
-        return new
+        return self.server_objective(updates, new)
 
     def proxy_sets(self) -> dict:
         """Domain -> the server's proxy examples of that domain."""

@@ -29,6 +29,10 @@ Choices the paper leaves open (or that differ from its setting), made here:
   * Step 4 weights by examples (FedRA's code averages groups unweighted).
   * One shared head (the FedRA code does the same); the paper's models are full-parameter BERTs,
     here the updates are those of LoRA/adapter tensors named by global block index.
+  * Dynamic heterogeneity (FedRA Table 4): the groups are the distinct depths of the round's
+    drawn capacities, so step 3 pairs the depths present in the round (a group's teacher is
+    the next larger depth present; its signal that depth's stored update M, from the last round
+    it took part in). With static capacities the groups are the clients' fixed depths.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ class InclusiveFL(LayerPlanStrategy):
         plans = self.history[-1].plans
         depth_of = {u.client: len(plans[int(u.client)]) for u in updates}
         deltas, counts = group_updates(self.state, updates, depth_of)
-        distill(deltas, self.momentum, self.depths, self.beta)
+        depths = sorted({len(p) for p in plans.values()}) if self.cfg["dynamic-capacities"] \
+            else self.depths
+        distill(deltas, self.momentum, depths, self.beta)
         self.momentum.update(deltas)
         sums, weights = {}, {}
         for g, delta in deltas.items():

@@ -20,8 +20,18 @@ from torch import nn
 from fedtune_app.model.backbones import LayeredModel
 from fedtune_app.config import ConfigError
 
-# "last-fc" per family: the last fully connected layer of a block (FedRA's default position).
-LAST_FC = {"vit": "mlp.fc2", "mixer": "mlp_channels.fc2", "hf-encoder": "output.dense"}
+# Per backbone family: the last fully connected layer of each of a block's two sublayers,
+# (l^0: attention or token mixing, l^1: MLP). FedRA puts LoRA on both (v1 Sec. 3.2; its code
+# targets attn.proj and mlp.fc2, mlp_tokens.fc2 and mlp_channels.fc2), which is FedBRICK Table
+# 3's 43.0 K LoRA parameters per ViT-B layer at r = 8. A new family adds its pair here; the
+# family of a model is the entry whose two layers its blocks have.
+SUBLAYER_LAST_FC = {
+    "vit": ("attn.proj", "mlp.fc2"),
+    "mixer": ("mlp_tokens.fc2", "mlp_channels.fc2"),
+    "bert": ("attention.output.dense", "output.dense"),
+}
+# 'adapter-modules' shorthands -> which sublayers (FedRA Table 6's rows)
+POSITIONS = {"last-fc": (0, 1), "last-fc-attn": (0,), "last-fc-mlp": (1,)}
 PEFT_ADAPTER = "default"
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
@@ -55,21 +65,28 @@ class BottleneckAdapter(nn.Module):
         return y + self.adapter["up"](nn.functional.gelu(self.adapter["down"](y)))
 
 
-def _family_key(model: LayeredModel) -> str:
-    if model.family == "hf-encoder":
-        return "hf-encoder"
-    return "mixer" if hasattr(model.blocks[0], "mlp_channels") else "vit"
+def sublayer_last_fc(model: LayeredModel) -> tuple[str, str]:
+    """(attention, MLP) last fully connected layer of this model's blocks."""
+    linears = {n for n, m in model.blocks[0].named_modules() if isinstance(m, nn.Linear)}
+    for pair in SUBLAYER_LAST_FC.values():
+        if set(pair) <= linears:
+            return pair
+    raise ConfigError(f"run-config key 'adapter-modules': this backbone has no known last "
+                      f"fully connected layers (families: {', '.join(SUBLAYER_LAST_FC)}); give "
+                      f"its Linear names instead: {', '.join(sorted(linears))}")
 
 
 def resolve_modules(model: LayeredModel, modules: str) -> list[str]:
     """Block-relative Linear names, checked against block 0."""
-    names = [LAST_FC[_family_key(model)]] if modules == "last-fc" else \
-        [m.strip() for m in modules.split(",") if m.strip()]
+    if modules in POSITIONS:
+        pair = sublayer_last_fc(model)
+        return [pair[i] for i in POSITIONS[modules]]
+    names = [m.strip() for m in modules.split(",") if m.strip()]
     linears = sorted(n for n, m in model.blocks[0].named_modules() if isinstance(m, nn.Linear))
     for name in names:
         if name not in linears:
             raise ConfigError(f"run-config key 'adapter-modules': {name!r} is not a Linear layer "
-                              f"of a block; allowed: last-fc, {', '.join(linears)}")
+                              f"of a block; allowed: {', '.join(POSITIONS)}, {', '.join(linears)}")
     return names
 
 

@@ -34,7 +34,8 @@ def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
 
 
 def summarize(method: str, folder: Path) -> dict:
-    """The last evaluated round of a run: overall accuracy, per-group accuracy, their mean."""
+    """The last evaluated round of a run: the headline accuracy, per-group accuracy, their
+    mean, and the accuracy over all test examples (``overall``)."""
     metrics = [m for m in json.loads((folder / "metrics.json").read_text())
                if m["accuracy"] is not None]
     last = metrics[-1]
@@ -44,9 +45,9 @@ def summarize(method: str, folder: Path) -> dict:
         groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
         average = last["accuracy"]
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest")}
+              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest", "accuracy-pooled")}
     return {"method": method, "round": last["round"], "groups": groups,
-            "average": average, "accuracy": last["accuracy"],
+            "average": average, "accuracy": last.get("accuracy-pooled", last["accuracy"]),
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
             "folder": str(folder)}
 
@@ -71,10 +72,12 @@ def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: st
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(line) + " |" for line in table]
     note = ("smallest / largest model = test accuracy of the smallest / largest model group's "
-            "global model; average = mean over the model groups (= overall)"
-            if "smallest" in labels else "a group's column is the test accuracy re-weighted to "
-            "that client's label distribution; average = mean over groups; overall = plain test "
-            "accuracy")
+            "global model; average = mean over the model groups (HeteroTune's Avg, the "
+            "headline); overall = mean of their accuracies over all test examples"
+            if "smallest" in labels else "a domain's column is the accuracy on that domain's test "
+            "examples, a client's column (data without domains) the test accuracy re-weighted to "
+            "its label distribution; average = mean over the columns (the papers' headline when "
+            "they are domains); overall = accuracy over all test examples")
     md += ["", f"Test accuracy (%) of the global model after the last round; {note}.", ""]
     md += [f"- {r['method']}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["extras"].items())
            for r in rows if r["extras"]]
