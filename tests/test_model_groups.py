@@ -24,9 +24,10 @@ TWO_GROUPS = {"preset": "smoke", "model-groups": "vit_tiny_patch16_224",
               "model-group-args": f"{VIT},embed_dim=16,depth=2;{VIT},embed_dim=32,depth=3",
               "model-group-sources": "random", "capacities": "1,1,1,1",
               "model-group-ratio": "1:1", "num-server-rounds": 1}
-# LoRA r=8 on mlp.fc2 (in 4d, out d) of each block: A 8 x 4d + B d x 8; head d x 10 + 10
-PARAMS = {0: 2 * (8 * 64 + 16 * 8) + 16 * 10 + 10,   # 1450
-          1: 3 * (8 * 128 + 32 * 8) + 32 * 10 + 10}  # 4170
+# LoRA r=8 on attn.proj (d -> d): A 8 x d + B d x 8, and on mlp.fc2 (in 4d, out d): A 8 x 4d
+# + B d x 8, of each block; head d x 10 + 10
+PARAMS = {0: 2 * (8 * 16 + 16 * 8 + 8 * 64 + 16 * 8) + 16 * 10 + 10,   # 1962
+          1: 3 * (8 * 32 + 32 * 8 + 8 * 128 + 32 * 8) + 32 * 10 + 10}  # 5706
 
 
 def cfg_of(**keys):

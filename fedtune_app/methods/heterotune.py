@@ -1,8 +1,8 @@
 """HeteroTune: FedAdapter with multi-branch cross-model aggregation (seed paper, Sec. 3).
 
 Clients fall into M model groups (different backbones: width and/or depth, ``groups.py``).
-Every block's adapted Linear (``adapter-modules``, default the block's last FC) of group g's
-model (width d_g) carries a FedAdapter on its output y:
+Every block's adapted Linear (``adapter-modules``, default the last FC of both sublayers,
+attention output and MLP) of group g's model (width d_g) carries a FedAdapter on its output y:
 
   local-adapter (group g's own):  W_d in R^{d_g x r}, W_u in R^{r x d_g}
   share-adapter, one branch per model group i = 1..M:  S_d^i, S_u^i in R^{r x r}
@@ -37,7 +37,10 @@ Choices the paper leaves open, made here:
     maps two blocks onto each position of a 12-block one (they then share that branch).
   * The branch weights are part of a group's local state (FedAvg within the group).
   * The FedAdapter replaces the generic adapters: key 'adapter' (lora / bottleneck) is not used;
-    'adapter-modules' chooses where FedAdapters sit and 'lora-r' is r.
+    'adapter-modules' chooses where FedAdapters sit and 'lora-r' is r. The paper inserts "the
+    FedAdapter module into each block" without naming the layer; the default is every method's
+    ('last-fc', both sublayers), and a block's two FedAdapters use the share-adapter of their
+    position (the paper has one per block). 'last-fc-mlp' gives one FedAdapter per block.
 """
 
 from __future__ import annotations
