@@ -22,9 +22,10 @@ from localdeploy import ROOT, LocalDeployment
 
 pytestmark = pytest.mark.integration
 
-# smoke preset: Mixer, embed 32, channel-MLP 32 -> 128 -> 32, LoRA r=8 on mlp_channels.fc2,
-# 10 classes. Per block: lora_A 8x128 + lora_B 32x8 = 1280 floats (2 tensors); head 32x10 + 10.
-LORA_PER_BLOCK, HEAD = 8 * 128 + 32 * 8, 32 * 10 + 10
+# smoke preset: Mixer, embed 32, 16 patches, token-MLP 16 -> 16 -> 16, channel-MLP
+# 32 -> 128 -> 32, LoRA r=8 on the last FC of both (mlp_tokens.fc2, mlp_channels.fc2), 10
+# classes. Per block: 8x16 + 16x8 + 8x128 + 32x8 = 1536 floats (4 tensors); head 32x10 + 10.
+LORA_PER_BLOCK, HEAD = 8 * 16 + 16 * 8 + 8 * 128 + 32 * 8, 32 * 10 + 10
 
 
 def wire_floats(capacities) -> int:

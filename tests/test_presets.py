@@ -13,6 +13,7 @@ from inprocess import InProcessGrid, simulation_nodes
 from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import CONF_DIR, ConfigError
 from fedtune_app.methods import resolve_config
+from fedtune_app.data.groups import node_model_group
 from fedtune_app.data.splits import domain_list, load_data
 from fedtune_app.tools.pretrain import MODELS, pretrain
 from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
@@ -44,8 +45,10 @@ def test_paper_scenarios_have_the_papers_numbers():
     assert caps["fedra-t2-nico"] == [12] * 5 + [10] * 5 + [8] * 5 + [6] * 5 + [4] * 5 + [3] * 5
     assert caps["fedra-t3-nico-4"] == [4] * 6 and caps["fedra-t3-nico-mixed"] == [10, 10, 6, 6, 4, 4]
     assert caps["fedbrick-t1-nico"] == [12, 10, 8, 6, 5, 4]
-    ratio = caps["heterotune-t1-cifar10"]
-    assert len(ratio) == 100 and [ratio.count(v) for v in (3, 6, 9, 12)] == [30, 30, 20, 20]
+    hetero = resolve_config({"preset": "heterotune-t1-cifar10"})  # ViT-T/S/B/L in 3:3:2:2
+    groups = [node_model_group(hetero, pid, 100, 1) for pid in range(100)]
+    assert len(caps["heterotune-t1-cifar10"]) == 100
+    assert [groups.count(g) for g in range(4)] == [30, 30, 20, 20]
     assert resolve_config({"preset": "fedra-t4-nico-dynamic"})["dynamic-capacities"] is True
 
 
