@@ -8,6 +8,14 @@ Algorithm (paper Sec. 3.5), per round:
   4. r_j = sum_{i: M_ij=1} |D_i| r_j^i / sum_i M_ij |D_i|   (masked weighted mean).
 A block no client held: Eq. 2 keeps its previous value (``keep-previous``); Eq. 3 redraws M so
 every column has a one (``cover-all``). (v1 of the paper numbers these Eq. 3 and Eq. 4.)
+
+Defaults are the paper's: LoRA on the last fully connected layer of both sublayers of every
+block (v1 Sec. 3.2, ``adapter-modules = last-fc``; Table 6's other rows: ``last-fc-attn``,
+``last-fc-mlp``), FedAvg, |D_i|-weighted means. The official code differs in two ways the paper
+does not describe, available to reproduce its numbers: it caps every client at m + 1 batches
+per round, m = the smallest client's number of batches (``fedra-repo-batch-cap``), and its
+means are unweighted (``fedra-repo-unweighted``); its Table 2 rounds take one client of each
+domain (``client-sampling = per-domain``, set in the T2 presets).
 """
 
 from __future__ import annotations

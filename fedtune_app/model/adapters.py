@@ -20,11 +20,11 @@ from torch import nn
 from fedtune_app.model.backbones import LayeredModel
 from fedtune_app.config import ConfigError
 
-# Per backbone family: the last fully connected layer of each of a block's two sublayers,
-# (l^0: attention or token mixing, l^1: MLP). FedRA puts LoRA on both (v1 Sec. 3.2; its code
-# targets attn.proj and mlp.fc2, mlp_tokens.fc2 and mlp_channels.fc2), which is FedBRICK Table
-# 3's 43.0 K LoRA parameters per ViT-B layer at r = 8. A new family adds its pair here; the
-# family of a model is the entry whose two layers its blocks have.
+# Per backbone family: the last fully connected layer of each of a block's two sublayers (l^0:
+# attention or token mixing, l^1: MLP). FedRA puts LoRA on both (v1 Sec. 3.2; its code targets
+# attn.proj and mlp.fc2, mlp_tokens.fc2 and mlp_channels.fc2), which gives FedBRICK Table 3's
+# 43.0 K LoRA parameters per ViT-B layer at r = 8. A new family adds its pair here; a model's
+# family is the entry whose two layers its blocks have.
 SUBLAYER_LAST_FC = {
     "vit": ("attn.proj", "mlp.fc2"),
     "mixer": ("mlp_tokens.fc2", "mlp_channels.fc2"),
