@@ -82,8 +82,9 @@ class ResultsWriter:
         self.metrics.append(record)
         write_json(self.folder / "metrics.json", self.metrics)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"
-        if record["accuracy-pooled"] is not None and record["accuracy-pooled"] != record["accuracy"]:
-            acc += f" (pooled {record['accuracy-pooled']:.4f})"
+        pooled = record["accuracy-pooled"]
+        if pooled is not None and pooled != record["accuracy"]:  # with domains: both
+            acc += f" (pooled {pooled:.4f})"
         loss = "  -  " if record["loss"] is None else f"{record['loss']:.3f}"
         log.info("round %d/%d | accuracy %s | loss %s | train-loss %.3f | down %.2f MB | "
                  "up %.2f MB | rejected %d | %.1f s", server_round, self.cfg["num-server-rounds"],
@@ -118,7 +119,8 @@ def plot_accuracy(metrics: list[dict], path: Path, label: str) -> None:
         ax.plot(rounds, headline, marker="o",
                 label=f"{label} (mean over domains)" if distinct else label)
         if distinct:
-            ax.plot(rounds, pooled, marker=".", linestyle="--", label=f"{label} (all test examples)")
+            ax.plot(rounds, pooled, marker=".", linestyle="--",
+                    label=f"{label} (all test examples)")
         ax.legend()
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("round")

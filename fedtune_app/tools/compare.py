@@ -44,8 +44,9 @@ def summarize(method: str, folder: Path) -> dict:
     if "accuracy-per-model-group" in last:  # model groups: HeteroTune's Smallest/Largest/Avg
         groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
         average = last["accuracy"]
+    shown = ("accuracy-smallest", "accuracy-largest", "accuracy-pooled")  # columns already
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest", "accuracy-pooled")}
+              and isinstance(v, (int, float)) and k not in shown}
     return {"method": method, "round": last["round"], "groups": groups,
             "average": average, "accuracy": last.get("accuracy-pooled", last["accuracy"]),
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
