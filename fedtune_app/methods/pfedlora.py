@@ -6,9 +6,9 @@ averaging of low-rank matrices" (HeteroTune Sec. 2 and 4.1).
 Adapter: on every adapted Linear W (d_in -> d_out; by default the last FC of both sublayers)
 of a group-g model,  y = W x + (alpha / r) B_g C A_g dropout(x),  with A_g: r x d_in and
 B_g: d_out x r the model's own low-rank factors (they depend on its width) and C: r x r the
-HOMOGENEOUS small adapter: the same shape in every model, whatever its width or depth. Block j of a model with L_g
-blocks holds the adapter of relative depth position k = floor(j K / L_g), K = the smallest
-model's depth, so models of different depths share K positions.
+HOMOGENEOUS small adapter: the same shape in every model, whatever its width or depth. Block
+j of a model with L_g blocks holds the adapter of relative depth position k = floor(j K / L_g),
+K = the smallest model's depth, so models of different depths share K positions.
 
 Algorithm, per round:
   1. a client of group g gets its model's tensors (A_g, B_g, head, and the C of its blocks);
