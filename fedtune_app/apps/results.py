@@ -83,7 +83,7 @@ class ResultsWriter:
         write_json(self.folder / "metrics.json", self.metrics)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"
         pooled = record["accuracy-pooled"]
-        if pooled is not None and pooled != record["accuracy"]:  # with domains: both
+        if pooled is not None and f"{pooled:.4f}" != acc:  # unequal domains: show both
             acc += f" (pooled {pooled:.4f})"
         loss = "  -  " if record["loss"] is None else f"{record['loss']:.3f}"
         log.info("round %d/%d | accuracy %s | loss %s | train-loss %.3f | down %.2f MB | "
@@ -115,7 +115,7 @@ def plot_accuracy(metrics: list[dict], path: Path, label: str) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
     if points:
         rounds, headline, pooled = zip(*points)
-        distinct = any(p is not None and p != h for h, p in zip(headline, pooled))
+        distinct = any(p is not None and abs(p - h) > 1e-6 for h, p in zip(headline, pooled))
         ax.plot(rounds, headline, marker="o",
                 label=f"{label} (mean over domains)" if distinct else label)
         if distinct:
