@@ -257,12 +257,17 @@ def app_defaults() -> dict[str, Any]:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
+# key -> who registered it (e.g. 'method fedbrick'); the keys of ``KEYS`` above have none
+KEY_OWNERS: dict[str, str] = {}
+
+
 def register_keys(owner: str, keys: dict[str, Key]) -> None:
     """Add ``owner``'s run-config keys to the registry (a method's own keys)."""
     for key, spec in keys.items():
         if key in KEYS:
             raise ValueError(f"run-config key '{key}' of {owner} is already registered")
         KEYS[key] = spec
+        KEY_OWNERS[key] = owner
 
 
 # Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.
