@@ -53,7 +53,7 @@ def toml_value(value) -> str:
 
 def value_comments(table: str) -> dict[str, list[str]]:
     """Key -> the comment lines right above it in ``table`` (section headings excluded)."""
-    headings = {f"# {h}" for h in base_sections().values()} | {f"# {o}" for o in KEY_OWNERS.values()}
+    headings = {f"# {h}" for h in [*base_sections().values(), *KEY_OWNERS.values()]}
     comments, pending = {}, []
     for line in table.splitlines():
         if line.startswith("#"):
