@@ -105,6 +105,11 @@ class LayeredModel(nn.Module):
     def pre_logits(self, x, ctx):
         raise NotImplementedError
 
+    def library_model(self) -> nn.Module:
+        """The model in its own library's form (timm / transformers), sharing our modules: what
+        an export saves and what peft wraps."""
+        raise NotImplementedError(f"no library form for the {self.family!r} family")
+
 
 class TimmLayered(LayeredModel):
     """timm ViT / MLP-Mixer. The timm model without its blocks, final norm and head is the stem
@@ -125,6 +130,12 @@ class TimmLayered(LayeredModel):
 
     def classify(self, x, ctx):
         return self.head(self.pre_logits(x, ctx))
+
+    def library_model(self):
+        model = copy.copy(self.stem)
+        model._modules = dict(self.stem._modules)
+        model.blocks, model.norm, model.head = nn.Sequential(*self.blocks), self.neck, self.head
+        return model
 
 
 class MeanPool(nn.Module):
@@ -147,6 +158,10 @@ class EncoderLayered(LayeredModel):
         super().__init__(stem=base.embeddings, blocks=base.encoder.layer, neck=neck,
                          head=model.classifier)
         self.dropout = model.dropout
+        self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
+
+    def library_model(self):
+        return self._library_model
 
     def embed(self, inputs):
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
