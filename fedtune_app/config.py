@@ -88,6 +88,10 @@ KEYS: dict[str, Key] = {
                      minimum=0),
     "results-dir": Key("", "absolute folder under which the run's results folder is written "
                        "(default: ./results of the server process)"),
+    "tracker": Key("", "experiment tracking of every round's metrics: tensorboard (event files in "
+                   "the results folder), mlflow ($MLFLOW_TRACKING_URI or <results-dir>/mlflow.db), "
+                   "wandb (offline unless $WANDB_MODE), empty = none",
+                   choices=("", "tensorboard", "mlflow", "wandb")),
     # reliability: reply quorum, checkpoint/resume, fault injection (tests only)
     "min-valid-replies": Key(1, "a round with fewer valid replies keeps the previous global "
                              "state", minimum=1),
