@@ -24,7 +24,8 @@ def test_flwr_build_ships_the_app_without_tests_notebooks_benchmarks_docs(tmp_pa
                    check=True, capture_output=True, timeout=300)
     [fab] = tmp_path.glob("*.fab")
     names = zipfile.ZipFile(fab).namelist()
-    tracked = subprocess.run(["git", "ls-files", "fedtune_app", "conf"], cwd=ROOT, text=True,
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                              "fedtune_app", "conf"], cwd=ROOT, text=True,
                              check=True, capture_output=True).stdout.split()
     shipped = {n for n in names if not n.startswith(".info/")}
     expected = {p for p in tracked if p.endswith((".py", ".toml"))} | {

@@ -23,6 +23,12 @@ from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec
 
 
+def supernodes_needed(run_config: str) -> int:
+    """Simulated SuperNodes of a run: one per client of the (preset's) capacity profile."""
+    given = parse_config_args([run_config]) if run_config.strip() else {}
+    return num_clients(resolve_config({**app_defaults(), **given}))
+
+
 def parameter_table(cfg: dict) -> list[dict]:
     """Table 2 of a run config without any weights (architectures on the meta device)."""
     rows = []
@@ -49,10 +55,10 @@ def print_parameter_table(cfg: dict) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[0] not in ("num-clients", "params"):
         raise SystemExit(__doc__)
-    given = parse_config_args([argv[1]]) if argv[1].strip() else {}
     if argv[0] == "num-clients":
-        print(num_clients(resolve_config({**app_defaults(), **given})))
+        print(supernodes_needed(argv[1]))
     else:
+        given = parse_config_args([argv[1]]) if argv[1].strip() else {}
         print_parameter_table(resolve_config(given))
 
 
