@@ -192,11 +192,29 @@ def _load_cached(data_cfg: tuple, spec: ModelSpec) -> DataSplits:
         for k in inputs:
             inputs[k][torch.as_tensor(used)] = enc[k]
     elif isinstance(inputs, torch.Tensor):
-        inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"])
+        inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"],
+                                        image_normalisation(spec.name))
+    else:  # decoded a batch at a time
+        inputs.norm = image_normalisation(spec.name)
     domains = None if raw.domains is None else torch.from_numpy(raw.domains)
     everything = Examples(inputs, torch.from_numpy(labels), domains)
     return DataSplits(everything.subset(train_idx), everything.subset(test_idx), raw.classes,
                       raw.domain_names)
+
+
+@functools.lru_cache(maxsize=8)
+def image_normalisation(model_name: str) -> sources.Normalisation:
+    """Mean, std and interpolation from timm's data config of the model (``deit_*``: ImageNet's
+    mean/std, bicubic; ``vit_*`` augreg / ``mixer_*``: 0.5/0.5). The architecture is built on
+    the meta device: no weights are read."""
+    import timm
+    from timm.data import resolve_model_data_config
+
+    with torch.device("meta"):
+        model = timm.create_model(model_name, pretrained=False)
+    config = resolve_model_data_config(model)
+    return sources.Normalisation(tuple(config["mean"]), tuple(config["std"]),
+                                 config["interpolation"])
 
 
 def _subset_raw(raw: sources.Raw, keep: np.ndarray) -> sources.Raw:
