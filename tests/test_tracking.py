@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from fedtune_app.apps.results import clock
+from fedtune_app.apps.results import clock, round_listener
 from fedtune_app.apps.tracking import round_scalars
 from runs import run
 
@@ -37,8 +37,11 @@ def test_clock():
 def test_tensorboard_reads_back_every_round(tmp_path, caplog):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with caplog.at_level(logging.INFO, logger="fedtune"):
+    seen = []
+    with caplog.at_level(logging.INFO, logger="fedtune"), \
+            round_listener(lambda cfg, record: seen.append((cfg["method"], record["round"]))):
         folder = run(tmp_path, tracker="tensorboard")
+    assert seen == [("fedra", 1), ("fedra", 2)]  # what compare's progress bar counts
     lines = [m for m in caplog.messages if m.startswith("round ")]
     assert len(lines) == 2 and " | elapsed " in lines[0]
     assert lines[-1].endswith(" | ETA 0:00")  # no round left after the last one

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,18 @@ from fedtune_app.apps.plots import plot_partition
 from fedtune_app.apps.tracking import make_tracker, round_scalars
 
 log = logging.getLogger("fedtune")
+# called with (run config, round record) after every round of a run in this process: progress
+# bars of the tools that run many federations (compare, notebooks)
+ROUND_LISTENERS: list = []
+
+
+@contextlib.contextmanager
+def round_listener(callback):
+    ROUND_LISTENERS.append(callback)
+    try:
+        yield callback
+    finally:
+        ROUND_LISTENERS.remove(callback)
 
 
 def write_json(path: Path, value) -> None:
@@ -87,6 +100,8 @@ class ResultsWriter:
         self.metrics.append(record)
         write_json(self.folder / "metrics.json", self.metrics)
         self._track(record)
+        for callback in ROUND_LISTENERS:
+            callback(self.cfg, record)
         self.rounds_done += 1
         elapsed = time.time() - self.started
         eta = elapsed / self.rounds_done * (self.cfg["num-server-rounds"] - server_round)

@@ -23,10 +23,12 @@ import time
 from pathlib import Path
 
 from flwr.common.config import parse_config_args
+from tqdm.auto import tqdm
 
 from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
 from fedtune_app.apps.inprocess import run_inprocess
+from fedtune_app.apps.results import round_listener
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -110,12 +112,18 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "") 
         resolve_config(dict(run_config) | {"method": method})
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
-    for method in methods:
-        folder = run_method(method, run_config, out / "runs")
-        rows.append(summarize(method, folder))
-        labels = labels or group_labels(folder)
-        write_table(rows, labels, out, command)  # after each method: a stopped run keeps its rows
-        plot(rows, out / "compare.png")
+    total = sum(resolve_config(dict(run_config) | {"method": m})["num-server-rounds"]
+                for m in methods)
+    with tqdm(total=total, desc="compare", unit="round") as bar, \
+            round_listener(lambda cfg, record: (bar.set_postfix_str(cfg["method"]),
+                                                bar.update())):
+        for method in methods:
+            folder = run_method(method, run_config, out / "runs")
+            rows.append(summarize(method, folder))
+            labels = labels or group_labels(folder)
+            # after each method: a stopped comparison keeps its rows
+            write_table(rows, labels, out, command)
+            plot(rows, out / "compare.png")
     return rows
 
 
