@@ -11,8 +11,8 @@ writes into DIR (default: ``<results folder>/export``), for a single-model run:
     merged/ (``--merge``, LoRA runs)
         the base model with the adapters merged into its weights, in its library's format:
         ``save_pretrained`` (+ tokenizer) for Hugging Face models; ``model.safetensors`` +
-        ``config.json`` for timm (``timm.create_model(name, pretrained=True,
-        pretrained_cfg_overlay=dict(file=DIR/merged/model.safetensors), num_classes=...)``).
+        ``config.json`` for timm (``timm.create_model(name, num_classes=n, pretrained=True,
+        pretrained_cfg_overlay=dict(file=DIR/merged/model.safetensors, num_classes=n))``).
     fedtune_extras.safetensors + fedtune_extras.json
         every trained tensor peft has no module type for, with the base library's module paths:
         bottleneck adapters (``y + up(gelu(down(y)))`` on a Linear's output y), HeteroTune's
