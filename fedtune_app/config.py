@@ -128,6 +128,9 @@ KEYS: dict[str, Key] = {
     "image-size": Key(0, "resize images to this side length (0 = the data set's own)", minimum=0),
     "image-channels": Key(0, "1 (grey) or 3 (RGB) image channels (0 = the data set's own)",
                           choices=(0, 1, 3)),
+    "data-workers": Key(2, "DataLoader worker processes that decode image files / rows of large "
+                        "image sets (DomainNet, NICO++, Hugging Face) while a batch trains "
+                        "(0 = decode on the training thread)", minimum=0),
     "data-dir": Key("", "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, "
                     "or a Hugging Face dataset saved with save_to_disk)"),
     "hf-dataset": Key("", "Hugging Face hub data set name or local folder (dataset = hf)"),

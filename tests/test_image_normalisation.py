@@ -35,3 +35,30 @@ def test_a_deit_run_gets_imagenet_normalised_digits():
     mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(
         1, 3, 1, 1)
     torch.testing.assert_close(deit, ((vit + 1) / 2 - mean) / std, rtol=0, atol=1e-6)
+
+
+def test_dataloader_workers_decode_the_same_batches_in_the_same_order(tmp_path):
+    """Image files decoded by 2 DataLoader workers = decoded on this thread, batch by batch."""
+    import numpy as np
+    from PIL import Image
+
+    from fedtune_app.data.splits import Examples
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(11):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    norm = image_normalisation("deit_tiny_patch16_224")
+
+    def examples(workers):
+        images = sources.LazyImages(paths, sources._open_image, 6, 3, norm, workers)
+        return Examples(images, torch.arange(11))
+
+    here = list(examples(0).batches(4, torch.Generator().manual_seed(5)))
+    workers = list(examples(2).batches(4, torch.Generator().manual_seed(5)))
+    assert [len(y) for _, y in workers] == [4, 4, 3]
+    for (x0, y0), (x1, y1) in zip(here, workers, strict=True):
+        assert torch.equal(y0, y1) and torch.equal(x0, x1)  # same code path per image
+    assert sorted(torch.cat([y for _, y in workers]).tolist()) == list(range(11))

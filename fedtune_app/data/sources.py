@@ -86,9 +86,10 @@ class LazyImages:
     ``load()`` decodes, resizes and stacks. Training and evaluation call ``load`` per batch."""
 
     def __init__(self, items: list, decode: Callable, size: int, channels: int,
-                 norm: Normalisation = Normalisation()):
+                 norm: Normalisation = Normalisation(), workers: int = 0):
         self.items, self.decode, self.size, self.channels = items, decode, size, channels
         self.norm = norm
+        self.workers = workers  # DataLoader worker processes that decode (0: this thread)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -96,11 +97,15 @@ class LazyImages:
     def __getitem__(self, index) -> "LazyImages":
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         return LazyImages([self.items[i] for i in index], self.decode, self.size, self.channels,
-                          self.norm)
+                          self.norm, self.workers)
+
+    def decoded(self, i: int) -> torch.Tensor:
+        """Image ``i`` as the model takes it: (C, H, W)."""
+        return prepare_images(self.decode(self.items[i])[None], self.size, self.channels,
+                              self.norm)[0]
 
     def load(self) -> torch.Tensor:
-        return torch.cat([prepare_images(self.decode(it)[None], self.size, self.channels,
-                                         self.norm) for it in self.items])
+        return torch.stack([self.decoded(i) for i in range(len(self))])
 
 
 def pil_to_tensor(image) -> torch.Tensor:

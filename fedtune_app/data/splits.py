@@ -46,10 +46,47 @@ class Examples:
         """(inputs, labels) mini-batches; shuffled when a generator is given."""
         order = (torch.randperm(len(self), generator=generator) if generator is not None
                  else torch.arange(len(self)))
+        if isinstance(self.inputs, sources.LazyImages) and self.inputs.workers:
+            yield from self._decoded_batches(order, batch_size)
+            return
         for start in range(0, len(self), batch_size):
             part = self.subset(order[start:start + batch_size])
             inputs = part.inputs.load() if hasattr(part.inputs, "load") else part.inputs
             yield inputs, part.labels
+
+
+    def _decoded_batches(self, order: torch.Tensor, batch_size: int):
+        """Image files / rows decoded by DataLoader worker processes while the current batch
+        trains; the batches are the same as those decoded here, in the same order."""
+        from torch.utils.data import DataLoader
+
+        chunks = [order[s:s + batch_size].tolist() for s in range(0, len(self), batch_size)]
+        loader = DataLoader(_Decoder(self.inputs), batch_sampler=chunks,
+                            num_workers=self.inputs.workers, worker_init_fn=_seed_worker,
+                            generator=torch.Generator().manual_seed(SPLIT_SEED))
+        for images, chunk in zip(loader, chunks):
+            yield images, self.labels[torch.as_tensor(chunk)]
+
+
+class _Decoder(torch.utils.data.Dataset):
+    def __init__(self, images: sources.LazyImages):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.images.decoded(i)
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Each worker's numpy / random from the loader's seeded generator (decoding draws nothing
+    today; a random transform would then be reproducible)."""
+    import random
+
+    seed = torch.initial_seed() % 2 ** 32
+    np.random.seed(seed)
+    random.seed(seed)
 
 
 @dataclass
@@ -115,7 +152,7 @@ def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, t
 TEXT_DATASETS = ("bbc-news",)
 # the run-config keys a data set depends on (the cache key)
 DATA_KEYS = ("dataset", "train-subset", "test-subset", "max-length", "domains", "max-classes",
-             "image-size", "image-channels", "data-dir", "hf-dataset", "hf-config",
+             "image-size", "image-channels", "data-workers", "data-dir", "hf-dataset", "hf-config",
              "hf-input-column", "hf-label-column", "hf-test-split")
 
 
@@ -195,7 +232,7 @@ def _load_cached(data_cfg: tuple, spec: ModelSpec) -> DataSplits:
         inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"],
                                         image_normalisation(spec.name))
     else:  # decoded a batch at a time
-        inputs.norm = image_normalisation(spec.name)
+        inputs.norm, inputs.workers = image_normalisation(spec.name), cfg["data-workers"]
     domains = None if raw.domains is None else torch.from_numpy(raw.domains)
     everything = Examples(inputs, torch.from_numpy(labels), domains)
     return DataSplits(everything.subset(train_idx), everything.subset(test_idx), raw.classes,
