@@ -225,3 +225,26 @@ def test_heterotune_exports_one_folder_per_group(tmp_path):
         name = f"blocks.{depth - 1}.mlp.fc2.adapter.A"
         np.testing.assert_array_equal(extras[name], fused[f"groups.{g}.{name}"])
         assert f"group-{g}" in (out / "README.md").read_text()
+
+
+def test_cli_exports_a_real_run(tmp_path, capsys):
+    """A real (in-process) FedRA run, exported through `fedtune export --merge`."""
+    from peft import PeftModel
+
+    from fedtune_app.tools.cli import main
+    from runs import run
+
+    folder = run(tmp_path)
+    assert main(["export", str(folder), "--merge", "--out", str(tmp_path / "exp")]) == 0
+    out = tmp_path / "exp"
+    assert capsys.readouterr().out.strip().endswith(str(out))
+    cfg = json.loads((folder / "config.json").read_text())["run-config"]
+    model, recipe = build_global(resolve_config(cfg))
+    recipe.load(model, load_file(str(folder / "state.safetensors")))
+    images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    expected = fedtune_logits(model, recipe, images)
+    peft_model = PeftModel.from_pretrained(timm_base(cfg), str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(images), expected, rtol=0,
+                                   atol=tolerance(expected, depth=4, width=4 * 32))
+    assert "round 2" in (out / "README.md").read_text()

@@ -23,12 +23,10 @@ import time
 from pathlib import Path
 
 from flwr.common.config import parse_config_args
-from tqdm.auto import tqdm
 
 from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
-from fedtune_app.apps.inprocess import run_inprocess
-from fedtune_app.apps.results import round_listener
+from fedtune_app.apps.inprocess import progress, run_inprocess
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -112,11 +110,7 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "") 
         resolve_config(dict(run_config) | {"method": method})
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
-    total = sum(resolve_config(dict(run_config) | {"method": m})["num-server-rounds"]
-                for m in methods)
-    with tqdm(total=total, desc="compare", unit="round") as bar, \
-            round_listener(lambda cfg, record: (bar.set_postfix_str(cfg["method"]),
-                                                bar.update())):
+    with progress([dict(run_config) | {"method": m} for m in methods], "compare"):
         for method in methods:
             folder = run_method(method, run_config, out / "runs")
             rows.append(summarize(method, folder))
