@@ -41,7 +41,8 @@ def test_flwr_build_ships_the_app_without_tests_notebooks_benchmarks_docs(tmp_pa
 SUBCOMMANDS = ("run", "compare", "analyze", "export", "pretrain", "stop")
 
 
-@pytest.mark.parametrize("args", [()] + [(c,) for c in SUBCOMMANDS], ids=lambda a: " ".join(a) or "top")
+@pytest.mark.parametrize("args", [()] + [(c,) for c in SUBCOMMANDS],
+                         ids=lambda a: " ".join(a) or "top")
 def test_fedtune_help(args):
     from fedtune_app.tools.cli import main
 

@@ -5,8 +5,8 @@ by ``checkpoint-url`` (https://, http:// or file://) downloads it once into its 
 (``<data-dir>/checkpoints`` from its node config, else the run config's ``checkpoint-dir``, else
 ``~/.cache/fedtune/checkpoints``) with pooch, which checks the SHA-256 given in
 ``checkpoint-sha256`` and only then moves it into place under its hash. A corrupted or tampered
-file is rejected and never used. The node reports the bytes of that one fetch in its start-up answer, apart from the
-per-round adapter traffic.
+file is rejected and never used. The node reports the bytes of that one fetch in its start-up
+answer, apart from the per-round adapter traffic.
 
 Archives (.tar, .tar.gz, .tgz, .zip) are unpacked after the check: that is how a Hugging Face
 model directory travels; a timm checkpoint is a single .safetensors / .pth / .bin file.
