@@ -15,7 +15,6 @@ thread count).
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
