@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,19 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
               "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def flower_env(app: Path) -> dict[str, str]:
     env = dict(os.environ) | FLOWER_ENV
     env.setdefault("FLWR_HOME", str(app / ".flwr"))
+    # `flwr run` reuses whatever local SuperLink answers on its fixed ports (39091/39093), even
+    # one of another checkout or user: ours gets ports of its own unless they are set
+    for name in ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT"):
+        env.setdefault(name, str(free_port()))
     bin_dir = str(Path(sys.executable).parent)  # flwr run starts flower-superlink from PATH
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     return env

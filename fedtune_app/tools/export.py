@@ -127,9 +127,7 @@ def pooled_logits(model: nn.Module, inputs: dict, pooling: str) -> torch.Tensor:
         return model(**inputs).logits
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     encoder = getattr(inner, inner.base_model_prefix)
-    hidden = encoder(**inputs).last_hidden_state
-    mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    pooled = MeanPool()(encoder(**inputs).last_hidden_state, inputs["attention_mask"])
     return inner.classifier(inner.dropout(pooled))
 
 
