@@ -7,6 +7,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 
 from fedtune_app.apps.results import clock, round_listener
 from fedtune_app.apps.tracking import round_scalars
@@ -69,3 +70,15 @@ def test_mlflow_reads_back_every_round(tmp_path, monkeypatch):
     for name, points in expected_curves(folder).items():
         got = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, name))
         assert got == points, name  # MLflow keeps float64
+
+
+def test_a_missing_tracker_package_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
+    import sys
+
+    from fedtune_app.apps.tracking import make_tracker
+    from fedtune_app.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(ConfigError, match="'tracker' = 'wandb' needs the package 'wandb'"):
+        make_tracker({"tracker": "wandb"}, tmp_path)
+    assert make_tracker({"tracker": ""}, tmp_path) is None
