@@ -45,3 +45,14 @@ FLOAT32_TINY = 2.0 ** -150
 # margin of 1000 for error growth between layers and is still 1e8 below any real mismatch (a
 # missing block, a wrong mask or a misplaced adapter changes logits by 1e-2 or more).
 NETWORK_FLOAT64_ATOL = 1e-10
+
+
+def assert_rounded_mean(actual: np.ndarray, tensors, weights=None):
+    """``actual`` is the (weighted) mean of ``tensors`` summed in float64 and rounded once to
+    float32, as the server aggregates: the two float64 sums, of len(tensors) products with
+    weights normalised to sum 1, differ by at most float64_atol(max|x|, 1); then one rounding."""
+    stack = np.stack([np.asarray(t, np.float64) for t in tensors])
+    expected = np.average(stack, axis=0, weights=weights)
+    atol = float64_atol(np.abs(stack).max(), 1.0, terms=len(tensors) + 1) + FLOAT32_TINY
+    assert actual.dtype == np.float32
+    np.testing.assert_allclose(actual, expected, rtol=FLOAT32_ROUNDING, atol=atol)
