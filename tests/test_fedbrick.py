@@ -236,21 +236,20 @@ def test_a_distillation_step_lowers_the_layer_wise_mse(setup):
     cfg, _, model, images, labels = setup
     from fedtune_app.data.splits import Examples
 
+    # float64 copy: the first step sees the examples shuffled, so its sums run in another order
+    model, images = in_float64(model, images)
     bricks = model.bricks["all"]
     blocks = {n: p.detach().clone() for n, p in model.blocks.named_parameters()}
-    saved = {n: p.detach().clone() for n, p in bricks.named_parameters()}
     with torch.no_grad():
         before = layer_mse(bricks, block_io(model, images)).item()
     first, last = distill_bricks(model, bricks, Examples(images, labels), epochs=1, lr=1e-2,
                                  batch_size=5, seed=0, device=torch.device("cpu"))
     with torch.no_grad():
         after = layer_mse(bricks, block_io(model, images)).item()
-    assert first == pytest.approx(before / 4, rel=1e-5)  # mean over the 4 positions
+    # mean over the 4 positions
+    assert first == pytest.approx(before / 4, rel=0, abs=NETWORK_FLOAT64_ATOL)
     assert after < before
     assert all(torch.equal(p, blocks[n]) for n, p in model.blocks.named_parameters())
-    with torch.no_grad():
-        for n, p in bricks.named_parameters():
-            p.copy_(saved[n])
 
 
 def test_bricks_average_within_their_domain(setup):
