@@ -107,7 +107,10 @@ def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: i
 
 
 def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, torch.Tensor]:
-    enc = tokenizer_for(spec)(texts, padding="max_length", truncation=True,
+    pairs = bool(texts) and isinstance(texts[0], tuple)
+    args = ([a for a, _ in texts], [b for _, b in texts]) if pairs else (texts,)
+    # truncation=True on a pair cuts the longer text first ("longest_first")
+    enc = tokenizer_for(spec)(*args, padding="max_length", truncation=True,
                               max_length=max_length, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
