@@ -297,7 +297,9 @@ def _build(spec: ModelSpec) -> LayeredModel:
         raise ConfigError(
             f"run-config key 'model' = {spec.name!r} is neither a timm model name nor a loadable "
             f"Hugging Face model ({err.__class__.__name__}); e.g. vit_tiny_patch16_224, "
-            f"mixer_b16_224, {MINILM}, or a local Hugging Face directory") from None
+            f"mixer_b16_224, {MINILM}, or a local Hugging Face directory; a hub name needs "
+            "internet access (gated models such as meta-llama/*: an accepted licence and "
+            "`hf auth login`)") from None
     hf_config._attn_implementation = "eager"
     if spec.source == "random":
         model = AutoModelForSequenceClassification.from_config(hf_config)
