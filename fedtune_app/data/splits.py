@@ -116,6 +116,9 @@ def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, t
 
 
 TEXT_DATASETS = ("bbc-news",)
+GLUE_NAMES = ("nyu-mll/glue", "glue")
+GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
+                "mnli": 3}  # classification tasks (STS-B is a regression)
 # the run-config keys a data set depends on (the cache key)
 DATA_KEYS = ("dataset", "train-subset", "test-subset", "max-length", "domains", "max-classes",
              "image-size", "image-channels", "data-dir", "hf-dataset", "hf-config",
@@ -227,6 +230,9 @@ def num_classes_of(cfg: dict) -> int:
              "mnist-5k": 10, "synthetic": 10}
     if cfg["dataset"] in fixed:
         return fixed[cfg["dataset"]]
+    if cfg["dataset"] == "hf" and cfg["hf-dataset"] in GLUE_NAMES and \
+            cfg["hf-config"] in GLUE_CLASSES:  # known without reaching the hub
+        return GLUE_CLASSES[cfg["hf-config"]]
     return load_data(cfg).num_classes
 
 
