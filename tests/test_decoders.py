@@ -197,6 +197,12 @@ def test_every_method_runs_two_rounds_over_decoders(decoder_dirs, glue_dir, tmp_
     assert all(-1 <= m["matthews-corr"] <= 1 for m in metrics)
     state = load_file(str(folder / "state.safetensors"))
     assert state and all(np.isfinite(v).all() for v in state.values())
+    # every decoder layer of every global model carries its adapter on mlp.down_proj
+    adapted = {n.split(".mlp.down_proj.")[0] for n in state if ".mlp.down_proj." in n}
+    grouped = any(n.startswith("groups.") for n in state)
+    assert adapted == ({f"groups.0.blocks.{j}" for j in range(2)}
+                       | {f"groups.1.blocks.{j}" for j in range(3)} if grouped
+                       else {f"blocks.{j}" for j in range(3)})
 
 
 def test_sentence_pairs_are_tokenised_as_pairs(decoder_dirs, tmp_path):
