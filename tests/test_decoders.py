@@ -269,3 +269,21 @@ def test_llama_parameter_counts_from_the_shipped_configs():
     assert [r["model-params"] for r in rows] == [llama(2048, 16, 32, 8, 64),
                                                  llama(3072, 28, 24, 8, 128)]
     assert [round(r["model-params"] / 1e6, 2) for r in rows] == [1235.82, 3212.76]
+
+
+@pytest.mark.integration
+def test_flwr_run_with_a_decoder(decoder_dirs, glue_dir, tmp_path):
+    """The real `flwr run .` (Ray simulation engine) with a tiny Llama: FedRA, 3 clients."""
+    from test_flwr_run import flwr_run
+
+    keys = decoder_run(decoder_dirs, glue_dir, tmp_path, "fedra")
+    run_config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
+                          for k, v in keys.items())
+    folder, log = flwr_run(tmp_path, run_config)
+    assert folder, log[-4000:]
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert [m["round"] for m in metrics] == [1, 2]
+    assert all(m["rejected"] == {} and 0 <= m["accuracy"] <= 1 for m in metrics)
+    sent = {n.split(".mlp.down_proj.")[0] for n in load_file(str(folder / "state.safetensors"))
+            if ".mlp.down_proj." in n}
+    assert sent == {"blocks.0", "blocks.1", "blocks.2"}
