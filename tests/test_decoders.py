@@ -271,6 +271,15 @@ def test_llama_parameter_counts_from_the_shipped_configs():
     assert [round(r["model-params"] / 1e6, 2) for r in rows] == [1235.82, 3212.76]
 
 
+def test_a_bf16_checkpoint_config_builds_float32_parameters():
+    """LLaMA-3.2's config says bfloat16; the frozen weights and adapters stay float32 (bf16 is
+    the autocast of 'precision')."""
+    with torch.device("meta"):
+        model = build_backbone(ModelSpec("meta-llama/Llama-3.2-1B", "random"))
+    assert model.num_blocks == 16 and model.head.in_features == 2048
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 @pytest.mark.integration
 def test_flwr_run_with_a_decoder(decoder_dirs, glue_dir, tmp_path):
     """The real `flwr run .` (Ray simulation engine) with a tiny Llama: FedRA, 3 clients."""

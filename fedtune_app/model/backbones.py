@@ -301,11 +301,14 @@ def _build(spec: ModelSpec) -> LayeredModel:
             "internet access (gated models such as meta-llama/*: an accepted licence and "
             "`hf auth login`)") from None
     hf_config._attn_implementation = "eager"
+    # parameters stay float32 ('precision' = bf16 is autocast); transformers would otherwise
+    # build a bf16 checkpoint's model (Llama 3.2) in bf16, where small SGD steps vanish
     if spec.source == "random":
-        model = AutoModelForSequenceClassification.from_config(hf_config)
+        model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32)
     else:
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(path, config=hf_config)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, config=hf_config, dtype=torch.float32)
         except Exception as err:  # noqa: BLE001 - missing or truncated weight files ...
             raise ConfigError(f"run-config key 'model' = {spec.name!r} / 'model-source' = "
                               f"{spec.source!r}: cannot load the weights from {path} "
