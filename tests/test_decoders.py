@@ -171,6 +171,18 @@ def save_glue_like(path: Path, pairs: bool = False) -> str:
     return str(path)
 
 
+def matthews_from_recalls(metrics: dict, glue: str) -> float:
+    """Matthews correlation worked out from the reported per-class accuracies (recalls) and the
+    validation labels: the binary confusion matrix, then (TP TN - FP FN) / sqrt(...)."""
+    from datasets import load_from_disk
+
+    n = np.bincount(load_from_disk(glue)["validation"]["label"], minlength=2)
+    tn, tp = metrics["accuracy-per-class"]["0"] * n[0], metrics["accuracy-per-class"]["1"] * n[1]
+    fp, fn = n[0] - tn, n[1] - tp
+    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / denominator if denominator else 0.0
+
+
 @pytest.fixture(scope="module")
 def glue_dir(tmp_path_factory):
     return save_glue_like(tmp_path_factory.mktemp("glue-like"))
@@ -194,7 +206,10 @@ def test_every_method_runs_two_rounds_over_decoders(decoder_dirs, glue_dir, tmp_
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
     assert all(m["rejected"] == {} and 0 <= m["accuracy"] <= 1 for m in metrics)
-    assert all(-1 <= m["matthews-corr"] <= 1 for m in metrics)
+    for m in metrics:  # per-class accuracies are the largest group's
+        reported = m["matthews-corr-per-model-group"]["1"] if "accuracy-per-model-group" in m \
+            else m["matthews-corr"]
+        assert reported == pytest.approx(matthews_from_recalls(m, glue_dir), abs=1e-9)
     state = load_file(str(folder / "state.safetensors"))
     assert state and all(np.isfinite(v).all() for v in state.values())
     # every decoder layer of every global model carries its adapter on mlp.down_proj
@@ -203,6 +218,28 @@ def test_every_method_runs_two_rounds_over_decoders(decoder_dirs, glue_dir, tmp_
     assert adapted == ({f"groups.0.blocks.{j}" for j in range(2)}
                        | {f"groups.1.blocks.{j}" for j in range(3)} if grouped
                        else {f"blocks.{j}" for j in range(3)})
+
+
+def test_evaluation_reports_the_matthews_correlation_of_its_predictions(decoder_dirs, glue_dir):
+    """A head that splits the validation examples: the random model's features all share a
+    large common part (every text ends in [SEP]), so the logit difference is taken along a
+    random direction orthogonal to their mean."""
+    from fedtune_app.apps.evaluation import GlobalEvaluator
+
+    cfg = resolve_config(decoder_run(decoder_dirs, glue_dir, "", "fedra"))
+    recipe = recipe_for(cfg)
+    model = recipe.build(ModelSpec.from_config(cfg, 2))
+    with torch.no_grad():
+        mean = model.features(load_data(cfg).test.inputs).mean(0)
+    direction = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    direction -= (direction @ mean) / (mean @ mean) * mean
+    state = recipe.initial_state(model, seed=0)
+    state["head.weight"] = torch.stack([-direction, direction]).numpy()
+    metrics = GlobalEvaluator(cfg, model, [], recipe)(state, tuple(range(3)))
+    recalls = [metrics["accuracy-per-class"][c] for c in ("0", "1")]
+    assert recalls != [1.0, 0.0] and recalls != [0.0, 1.0]  # both classes are predicted
+    assert metrics["matthews-corr"] == pytest.approx(matthews_from_recalls(metrics, glue_dir),
+                                                     abs=1e-9)
 
 
 def test_sentence_pairs_are_tokenised_as_pairs(decoder_dirs, tmp_path):
