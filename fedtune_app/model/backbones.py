@@ -380,7 +380,9 @@ def build_backbone(spec: ModelSpec) -> LayeredModel:
 def tokenizer_for(spec: ModelSpec):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(hf_model_path(spec))
+    # a shipped config has no tokenizer files: the tokenizer always comes from the hub
+    path = spec.name if spec.name in SHIPPED_CONFIGS else hf_model_path(spec)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:  # Llama-style tokenizers have none; the mask marks padding
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
