@@ -38,7 +38,7 @@ STYLE_SEED = 8675309  # fixed: the styled digits are the same data set in every 
 
 @dataclass
 class Raw:
-    inputs: Any  # tensor (N, C, H, W), LazyImages, or list of texts
+    inputs: Any  # tensor (N, C, H, W), LazyImages, list of texts or of (text, text) pairs
     labels: np.ndarray
     classes: list[str]
     domains: np.ndarray | None = None
@@ -348,6 +348,8 @@ def hugging_face(cfg: dict) -> Raw:
         first = decode(items[0])
         inputs = LazyImages(items, decode, cfg["image-size"] or first.shape[-1],
                             cfg["image-channels"] or first.shape[0])
-    else:  # text: several columns (sentence pairs) are joined with " | "
+    elif len(columns) == 2:  # sentence pairs (GLUE QQP, MRPC, ...): the tokenizer pairs them
+        inputs = [(str(row[columns[0]]), str(row[columns[1]])) for p in parts for row in p]
+    else:  # text: more columns are joined with " | "
         inputs = [" | ".join(str(row[c]) for c in columns) for p in parts for row in p]
     return Raw(inputs, labels, list(classes), split=split)

@@ -134,12 +134,18 @@ def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: i
 
 
 def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, torch.Tensor]:
-    enc = tokenizer_for(spec)(texts, padding="max_length", truncation=True,
+    pairs = bool(texts) and isinstance(texts[0], tuple)
+    args = ([a for a, _ in texts], [b for _, b in texts]) if pairs else (texts,)
+    # truncation=True on a pair cuts the longer text first ("longest_first")
+    enc = tokenizer_for(spec)(*args, padding="max_length", truncation=True,
                               max_length=max_length, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
 TEXT_DATASETS = ("bbc-news",)
+GLUE_NAMES = ("nyu-mll/glue", "glue")
+GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
+                "mnli": 3}  # classification tasks (STS-B is a regression)
 # the run-config keys a data set depends on (the cache key)
 DATA_KEYS = ("dataset", "train-subset", "test-subset", "max-length", "domains", "max-classes",
              "image-size", "image-channels", "data-workers", "data-dir", "hf-dataset", "hf-config",
@@ -269,6 +275,9 @@ def num_classes_of(cfg: dict) -> int:
              "mnist-5k": 10, "synthetic": 10}
     if cfg["dataset"] in fixed:
         return fixed[cfg["dataset"]]
+    if cfg["dataset"] == "hf" and cfg["hf-dataset"] in GLUE_NAMES and \
+            cfg["hf-config"] in GLUE_CLASSES:  # known without reaching the hub
+        return GLUE_CLASSES[cfg["hf-config"]]
     return load_data(cfg).num_classes
 
 
