@@ -247,3 +247,32 @@ def test_cli_exports_a_real_run(tmp_path, capsys):
         torch.testing.assert_close(peft_model(images), expected, rtol=0,
                                    atol=tolerance(expected, depth=4, width=4 * 32))
     assert "round 2" in (out / "README.md").read_text()
+
+
+def test_llama_decoder_export_is_the_library_forward(tmp_path):
+    """A tiny random Llama (the decoder family): peft and merged logits = fedtune's, which read
+    the last non-padding token as LlamaForSequenceClassification does."""
+    from peft import PeftModel
+    from test_decoders import minilm_tokenizer, save_decoder
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    path = save_decoder(tmp_path / "llama")
+    folder, cfg, model, recipe = fake_run(tmp_path, {"model": path, "model-source": "random",
+                                                     "capacities": "4,2"})
+    out = export_run(folder, merge=True)
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any(k.startswith("base_model.model.model.layers.3.") for k in saved)
+    enc = minilm_tokenizer()(["a short one", "a somewhat longer sentence than that"],
+                             padding=True, return_tensors="pt")
+    inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=4, width=64)
+    torch.manual_seed(cfg["model-seed"])  # fedtune's seeded random init of the base
+    config = AutoConfig.from_pretrained(path, num_labels=5)
+    config._attn_implementation = "eager"
+    base = AutoModelForSequenceClassification.from_config(config)
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
+        torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)

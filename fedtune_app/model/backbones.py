@@ -201,6 +201,16 @@ class DecoderLayered(LayeredModel):
         layers, norm = base.layers, base.norm
         base.layers, base.norm = nn.ModuleList(), nn.Identity()
         super().__init__(stem=base, blocks=layers, neck=norm, head=model.score)
+        self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
+
+    def library_model(self):
+        base = copy.copy(self.stem)
+        base._modules = dict(self.stem._modules)
+        base.layers, base.norm = self.blocks, self.neck
+        model = copy.copy(self._library_model)
+        model._modules = dict(self._library_model._modules)
+        setattr(model, model.base_model_prefix, base)
+        return model
 
     def _mask_kind(self, block) -> str:
         """Which of the model's masks a decoder layer takes, by its global layer index."""
