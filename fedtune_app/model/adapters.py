@@ -29,6 +29,8 @@ SUBLAYER_LAST_FC = {
     "vit": ("attn.proj", "mlp.fc2"),
     "mixer": ("mlp_tokens.fc2", "mlp_channels.fc2"),
     "bert": ("attention.output.dense", "output.dense"),
+    "mpnet": ("attention.attn.o", "output.dense"),
+    "llama": ("self_attn.o_proj", "mlp.down_proj"),
 }
 # 'adapter-modules' shorthands -> which sublayers (FedRA Table 6's rows)
 POSITIONS = {"last-fc": (0, 1), "last-fc-attn": (0,), "last-fc-mlp": (1,)}
