@@ -124,12 +124,14 @@ def test_lora_names_are_global_and_attention_projections_are_selectable(decoder_
     spec = ModelSpec(decoder_dirs["llama"], "random", "", 3, 2)
     model = attach_adapters(build_backbone(spec), AdapterSpec("lora", "last-fc", 4, 4.0, 0.0))
     names = sorted(trainable_parameters(model))
-    assert names == sorted(["head.weight"] + [f"blocks.{j}.mlp.down_proj.lora_{ab}.weight"
-                                              for j in range(4) for ab in "AB"])
+    # last-fc: the last FC of both sublayers, the attention output and the MLP's down projection
+    last_fc = ("self_attn.o_proj", "mlp.down_proj")
+    assert names == sorted(["head.weight"] + [f"blocks.{j}.{m}.lora_{ab}.weight"
+                                              for j in range(4) for m in last_fc for ab in "AB"])
     plan = (1, 3)
     local = [n for n, p in model.subnetwork(plan).named_parameters() if ".lora_" in n]
     assert sorted(global_name(n.replace(".default.", "."), plan) for n in local) == \
-        sorted(f"blocks.{j}.mlp.down_proj.lora_{ab}.weight" for j in plan for ab in "AB")
+        sorted(f"blocks.{j}.{m}.lora_{ab}.weight" for j in plan for m in last_fc for ab in "AB")
     attention = attach_adapters(build_backbone(spec),
                                 AdapterSpec("lora", "self_attn.q_proj,self_attn.v_proj", 4, 4.0,
                                             0.0))
