@@ -48,7 +48,8 @@ def summarize(method: str, folder: Path) -> dict:
         groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
         average = last["accuracy"]
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest")}
+              and isinstance(v, (int, float))
+              and k not in ("accuracy-smallest", "accuracy-largest")}
     seed = json.loads((folder / "config.json").read_text())["run-config"]["seed"]
     return {"method": method, "seed": seed, "round": last["round"], "groups": groups,
             "average": average, "accuracy": last["accuracy"],
