@@ -90,6 +90,10 @@ KEYS: dict[str, Key] = {
                      minimum=0),
     "results-dir": Key("", "absolute folder under which the run's results folder is written "
                        "(default: ./results of the server process)"),
+    "tracker": Key("", "experiment tracking of every round's metrics: tensorboard (event files in "
+                   "the results folder), mlflow ($MLFLOW_TRACKING_URI or <results-dir>/mlflow.db), "
+                   "wandb (offline unless $WANDB_MODE), empty = none",
+                   choices=("", "tensorboard", "mlflow", "wandb")),
     # reliability: reply quorum, checkpoint/resume, fault injection (tests only)
     "min-valid-replies": Key(1, "a round with fewer valid replies keeps the previous global "
                              "state", minimum=1),
@@ -127,6 +131,9 @@ KEYS: dict[str, Key] = {
     "image-size": Key(0, "resize images to this side length (0 = the data set's own)", minimum=0),
     "image-channels": Key(0, "1 (grey) or 3 (RGB) image channels (0 = the data set's own)",
                           choices=(0, 1, 3)),
+    "data-workers": Key(2, "DataLoader worker processes that decode image files / rows of large "
+                        "image sets (DomainNet, NICO++, Hugging Face) while a batch trains "
+                        "(0 = decode on the training thread)", minimum=0),
     "data-dir": Key("", "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, "
                     "or a Hugging Face dataset saved with save_to_disk)"),
     "hf-dataset": Key("", "Hugging Face hub data set name or local folder (dataset = hf)"),

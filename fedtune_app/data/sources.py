@@ -38,7 +38,7 @@ STYLE_SEED = 8675309  # fixed: the styled digits are the same data set in every 
 
 @dataclass
 class Raw:
-    inputs: Any  # tensor (N, C, H, W), LazyImages, or list of texts
+    inputs: Any  # tensor (N, C, H, W), LazyImages, list of texts or of (text, text) pairs
     labels: np.ndarray
     classes: list[str]
     domains: np.ndarray | None = None
@@ -46,15 +46,37 @@ class Raw:
     split: tuple[np.ndarray, np.ndarray] | None = None  # official (train, test) indices
 
 
-def prepare_images(x: torch.Tensor, size: int, channels: int) -> torch.Tensor:
-    """(N, C, H, W) in [-1, 1] -> resized to size x size (0 = keep) with 1 or 3 channels."""
+@dataclass(frozen=True)
+class Normalisation:
+    """What a model expects of its input images (timm's data config of the model): per-channel
+    mean and std of pixels in [0, 1], and the resize interpolation."""
+
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    interpolation: str = "bilinear"
+
+    @property
+    def is_ours(self) -> bool:
+        """Our loaders give (x - 0.5) / 0.5 already (timm's ViT / Mixer convention)."""
+        return set(self.mean) == {0.5} and set(self.std) == {0.5}
+
+
+def prepare_images(x: torch.Tensor, size: int, channels: int,
+                   norm: Normalisation = Normalisation()) -> torch.Tensor:
+    """(N, C, H, W) in [-1, 1] -> resized to size x size (0 = keep) with 1 or 3 channels,
+    normalised as the model expects (a grey image takes the mean of the channels' values)."""
     if size and x.shape[-1] != size:
-        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
-                          align_corners=False)
+        mode = "bicubic" if norm.interpolation == "bicubic" else "bilinear"
+        x = F.interpolate(x, size=(size, size), mode=mode, antialias=True, align_corners=False)
     if channels == 3 and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     elif channels == 1 and x.shape[1] == 3:
         x = x.mean(1, keepdim=True)
+    if not norm.is_ours:
+        mean, std = torch.tensor(norm.mean), torch.tensor(norm.std)
+        if x.shape[1] != len(mean):
+            mean, std = mean.mean(0, keepdim=True), std.mean(0, keepdim=True)
+        x = ((x + 1) / 2 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
     return x.contiguous()
 
 
@@ -63,19 +85,27 @@ class LazyImages:
     gives a (C, H, W) float tensor in [-1, 1]. Indexing returns a smaller LazyImages;
     ``load()`` decodes, resizes and stacks. Training and evaluation call ``load`` per batch."""
 
-    def __init__(self, items: list, decode: Callable, size: int, channels: int):
+    def __init__(self, items: list, decode: Callable, size: int, channels: int,
+                 norm: Normalisation = Normalisation(), workers: int = 0):
         self.items, self.decode, self.size, self.channels = items, decode, size, channels
+        self.norm = norm
+        self.workers = workers  # DataLoader worker processes that decode (0: this thread)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index) -> "LazyImages":
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        return LazyImages([self.items[i] for i in index], self.decode, self.size, self.channels)
+        return LazyImages([self.items[i] for i in index], self.decode, self.size, self.channels,
+                          self.norm, self.workers)
+
+    def decoded(self, i: int) -> torch.Tensor:
+        """Image ``i`` as the model takes it: (C, H, W)."""
+        return prepare_images(self.decode(self.items[i])[None], self.size, self.channels,
+                              self.norm)[0]
 
     def load(self) -> torch.Tensor:
-        return torch.cat([prepare_images(self.decode(it)[None], self.size, self.channels)
-                          for it in self.items])
+        return torch.stack([self.decoded(i) for i in range(len(self))])
 
 
 def pil_to_tensor(image) -> torch.Tensor:
@@ -318,6 +348,8 @@ def hugging_face(cfg: dict) -> Raw:
         first = decode(items[0])
         inputs = LazyImages(items, decode, cfg["image-size"] or first.shape[-1],
                             cfg["image-channels"] or first.shape[0])
-    else:  # text: several columns (sentence pairs) are joined with " | "
+    elif len(columns) == 2:  # sentence pairs (GLUE QQP, MRPC, ...): the tokenizer pairs them
+        inputs = [(str(row[columns[0]]), str(row[columns[1]])) for p in parts for row in p]
+    else:  # text: more columns are joined with " | "
         inputs = [" | ".join(str(row[c]) for c in columns) for p in parts for row in p]
     return Raw(inputs, labels, list(classes), split=split)

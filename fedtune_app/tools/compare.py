@@ -30,7 +30,7 @@ from flwr.common.config import parse_config_args
 
 from fedtune_app.config import ConfigError, parse_int_list, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
-from fedtune_app.apps.inprocess import run_inprocess
+from fedtune_app.apps.inprocess import progress, run_inprocess
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -155,13 +155,15 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
         [dict(run_config) | {"seed": seed} for seed in seeds]
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
-    for method in methods:
-        for config in configs:
-            folder = run_method(method, config, out / "runs")
-            rows.append(summarize(method, folder))
-            labels = labels or group_labels(folder)
-            write_table(rows, labels, out, command)  # after each run: a stopped one keeps its rows
-            plot(rows, out / "compare.png")
+    with progress([config | {"method": m} for m in methods for config in configs], "compare"):
+        for method in methods:
+            for config in configs:
+                folder = run_method(method, config, out / "runs")
+                rows.append(summarize(method, folder))
+                labels = labels or group_labels(folder)
+                # after each run: a stopped comparison keeps its rows
+                write_table(rows, labels, out, command)
+                plot(rows, out / "compare.png")
     return rows
 
 
