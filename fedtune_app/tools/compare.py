@@ -1,11 +1,13 @@
 """Compare methods on the same split, capacities and seed: one table (Markdown + CSV), one plot.
 
     python -m fedtune_app.tools.compare --methods all-large,all-small,inclusivefl,depthfl,fedra \\
-        --run-config "num-server-rounds=5" --out results/compare
+        --run-config "num-server-rounds=5" --seeds 0,1,2 --out results/compare
 
 ``--run-config`` takes what ``flwr run . --run-config`` takes (``"key=value ..."`` or a TOML
 file); every method gets exactly these keys plus its own ``method``, so the split (fixed split
-seed + ``seed``), the capacities and the seed are the same for all. Each method runs in this
+seed + ``seed``), the capacities and the seed are the same for all. ``--seeds`` runs every method
+once per seed (the key ``seed``: allocation, sampling, partitions, initial adapters); the table
+then shows mean ± sample std over the seeds, the CSV one row per run. Each method runs in this
 process: the real ServerApp logic (``run_federation``) and the real ClientApp, over an
 in-process Grid (every payload still goes through Flower Messages and ArrayRecords). That skips
 Ray's start-up (~25 s per ``flwr run``) and needs no SuperLink, and one process keeps the
@@ -22,11 +24,14 @@ import shlex
 import time
 from pathlib import Path
 
+import numpy as np
+
 from flwr.common.config import parse_config_args
 
-from fedtune_app.config import ConfigError, setup_logging
+from fedtune_app.config import ConfigError, parse_int_list, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
 from fedtune_app.apps.inprocess import progress, run_inprocess
+
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -47,7 +52,8 @@ def summarize(method: str, folder: Path) -> dict:
     shown = ("accuracy-smallest", "accuracy-largest", "accuracy-pooled")  # columns already
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
               and isinstance(v, (int, float)) and k not in shown}
-    return {"method": method, "round": last["round"], "groups": groups,
+    seed = json.loads((folder / "config.json").read_text())["run-config"]["seed"]
+    return {"method": method, "seed": seed, "round": last["round"], "groups": groups,
             "average": average, "accuracy": last.get("accuracy-pooled", last["accuracy"]),
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
             "folder": str(folder)}
@@ -60,16 +66,39 @@ def group_labels(folder: Path) -> dict[str, str]:
     return {c["group"]: f"{c['group']} (L={c['capacity']})" for c in config["clients"]}
 
 
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof=1, as fedtune_app.tools.analysis; NaN for one value)."""
+    mean = float(np.mean(values))
+    return mean, float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+
+
+def _cell(values: list[float]) -> str:
+    mean, std = _mean_std([100 * v for v in values])
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
+
+
+def by_method(rows: list[dict]) -> dict[str, list[dict]]:
+    """The runs of each method (one per seed), methods in the order they ran."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["method"], []).append(r)
+    return out
+
+
 def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: str) -> None:
     groups = list(labels)
     header = ["method"] + [labels[g] for g in groups] + ["average", "overall"]
-    table = [[r["method"]] + [f"{100 * r['groups'][g]:.2f}" for g in groups]
-             + [f"{100 * r['average']:.2f}", f"{100 * r['accuracy']:.2f}"] for r in rows]
-    with (out / "compare.csv").open("w", newline="") as f:
+    with (out / "compare.csv").open("w", newline="") as f:  # one row per run
         writer = csv.writer(f)
-        writer.writerow(header + ["round", "extras"])
-        for r, line in zip(rows, table):
-            writer.writerow(line + [r["round"], json.dumps(r["extras"])])
+        writer.writerow(header + ["round", "seed", "extras"])
+        for r in rows:
+            writer.writerow([r["method"]] + [f"{100 * r['groups'][g]:.2f}" for g in groups]
+                            + [f"{100 * r['average']:.2f}", f"{100 * r['accuracy']:.2f}",
+                               r["round"], r["seed"], json.dumps(r["extras"])])
+    runs = by_method(rows)
+    table = [[method] + [_cell([r["groups"][g] for r in rs]) for g in groups]
+             + [_cell([r["average"] for r in rs]), _cell([r["accuracy"] for r in rs])]
+             for method, rs in runs.items()]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(line) + " |" for line in table]
     note = ("smallest / largest model = test accuracy of the smallest / largest model group's "
@@ -79,9 +108,13 @@ def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: st
             "examples, a client's column (data without domains) the test accuracy re-weighted to "
             "its label distribution; average = mean over the columns (the papers' headline when "
             "they are domains); overall = accuracy over all test examples")
-    md += ["", f"Test accuracy (%) of the global model after the last round; {note}.", ""]
-    md += [f"- {r['method']}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["extras"].items())
-           for r in rows if r["extras"]]
+    seeds = sorted({r["seed"] for r in rows})
+    over = (f"mean ± sample std over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1
+            else f"seed {seeds[0]}")
+    md += ["", f"Test accuracy (%) of the global model after the last round ({over}); {note}.", ""]
+    md += [f"- {method}: " + ", ".join(f"{k} {_cell([r['extras'][k] for r in rs])}"
+                                       for k in rs[0]["extras"])
+           for method, rs in runs.items() if rs[0]["extras"]]
     md += ["", f"Command: `{command}`"]
     (out / "compare.md").write_text("\n".join(md) + "\n")
 
@@ -93,8 +126,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
-    for r in rows:
-        ax.plot(*zip(*r["curve"]), marker="o", label=r["method"])
+    for method, rs in by_method(rows).items():  # mean curve over seeds, std band with 2+
+        rounds = [x for x, _ in rs[0]["curve"]]
+        values = np.array([[y for _, y in r["curve"]] for r in rs])
+        line, = ax.plot(rounds, values.mean(0), marker="o", label=method)
+        if len(rs) > 1:
+            std = values.std(0, ddof=1)
+            ax.fill_between(rounds, values.mean(0) - std, values.mean(0) + std, alpha=0.2,
+                            color=line.get_color())
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("global test accuracy")
@@ -105,23 +144,30 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def compare(methods: list[str], run_config: dict, out: Path, command: str = "") -> list[dict]:
+def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
+            seeds: list[int] | None = None) -> list[dict]:
+    """Run every method once per seed (None: the run config's own seed); one row per run."""
     for m in methods:
         if m not in METHODS:
             raise ConfigError(f"--methods: {m!r} is not an available method; allowed: "
                               f"{', '.join(METHODS)}")
     for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
         resolve_config(dict(run_config) | {"method": method})
+    if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0):
+        raise ConfigError(f"--seeds {seeds}: expected distinct non-negative integers, e.g. 0,1,2")
+    configs = [dict(run_config)] if seeds is None else \
+        [dict(run_config) | {"seed": seed} for seed in seeds]
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
-    with progress([dict(run_config) | {"method": m} for m in methods], "compare"):
+    with progress([config | {"method": m} for m in methods for config in configs], "compare"):
         for method in methods:
-            folder = run_method(method, run_config, out / "runs")
-            rows.append(summarize(method, folder))
-            labels = labels or group_labels(folder)
-            # after each method: a stopped comparison keeps its rows
-            write_table(rows, labels, out, command)
-            plot(rows, out / "compare.png")
+            for config in configs:
+                folder = run_method(method, config, out / "runs")
+                rows.append(summarize(method, folder))
+                labels = labels or group_labels(folder)
+                # after each run: a stopped comparison keeps its rows
+                write_table(rows, labels, out, command)
+                plot(rows, out / "compare.png")
     return rows
 
 
@@ -134,14 +180,19 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="all-large,all-small,inclusivefl,depthfl,fedra")
     parser.add_argument("--run-config", default="", help="'key=value ...' or a TOML file")
+    parser.add_argument("--seeds", default="", help="run every method once per seed, e.g. "
+                        "'0,1,2' (table: mean ± std); default: the run config's seed")
     parser.add_argument("--out", default=f"results/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
     setup_logging()
     run_config = parse_config_args([args.run_config] if args.run_config else None)
     command = f"python -m fedtune_app.tools.compare --methods {args.methods}" + (
-        f" --run-config {shell_quote(args.run_config)}" if args.run_config else "")
+        f" --run-config {shell_quote(args.run_config)}" if args.run_config else "") + (
+        f" --seeds {args.seeds}" if args.seeds else "")
+    seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None
     out = Path(args.out).resolve()
-    compare([m.strip() for m in args.methods.split(",") if m.strip()], run_config, out, command)
+    compare([m.strip() for m in args.methods.split(",") if m.strip()], run_config, out, command,
+            seeds)
     print((out / "compare.md").read_text())
     print(f"COMPARISON {out}", flush=True)
 
