@@ -83,7 +83,8 @@ def test_mpnet_padding_changes_nothing_and_bias_is_computed_once(tiny_mpnet_dir)
 
 def test_mpnet_adapters_sit_in_every_block_and_start_as_the_pretrained_model(tiny_mpnet_dir):
     model = build_backbone(ModelSpec(tiny_mpnet_dir, "random", "", 5, 3))
-    assert resolve_modules(model, "last-fc") == ["output.dense"]
+    # the papers' position: the last Linear of both sublayers (attention output, MLP output)
+    assert resolve_modules(model, "last-fc") == ["attention.attn.o", "output.dense"]
     with torch.no_grad():
         before = model(batch())
     attach_adapters(model, AdapterSpec("lora", "output.dense,attention.attn.q")).eval()
