@@ -1,12 +1,15 @@
 """What a node does: answer the start-up query, and train the sub-network it is given.
 
-The frozen backbone and the node's data are built once per process (``_runtime``) and reused
-every round: a round only copies the received trainable tensors into the cached model, trains
-the planned blocks, and replies with the same names. Frozen weights never travel.
+The node's model and data are built once per process (``runtime``) and reused every round: a
+round makes the model hold its plan's frozen blocks (read by name from the node's layered
+checkpoint on disk; the others are not in memory, ``model.block_store``), copies the received
+trainable tensors into it, trains the planned blocks, and replies with the same names. Frozen
+weights never travel.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -19,7 +22,8 @@ from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import client_examples, client_group, load_data, num_classes_of
 from fedtune_app.apps.faults import after_training, before_training
-from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.model.block_store import build_on_demand, hold_blocks, place
+from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.methods import recipe_for
 from fedtune_app.federated.objectives import LocalObjective
@@ -32,20 +36,24 @@ from fedtune_app.training.local import check_precision, pick_device
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
 
 
-def runtime(cfg: dict, recipe=None):
+def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     """(model with adapters on all blocks and the method's extra modules, device), cached per
-    process (the two most recent, or one per model group) and per method extension."""
+    process (the two most recent, or one per model group) and per method extension. The model
+    holds no frozen block until ``hold_blocks(model, plan)``; its frozen weights come from the
+    node's cache folder (``frozen_weights.cache_dir``)."""
     recipe = recipe or recipe_for(cfg)
     spec, adapters = ModelSpec.from_config(cfg, num_classes_of(cfg)), AdapterSpec.from_config(cfg)
+    folder = cache_dir(cfg, node_config)
     key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
-           recipe.cache_key(), recipe.group)
+           recipe.cache_key(), recipe.group, folder)
     if key not in _MODELS:
         while len(_MODELS) >= max(2, num_groups(cfg)):
             _MODELS.pop(next(iter(_MODELS)))
         device = pick_device(cfg["device"])
         check_precision(cfg["precision"], device)
-        model = recipe.build(spec)
-        _MODELS[key] = model.to(device), device
+        model = recipe.build(spec, backbone=functools.partial(build_on_demand, cache_dir=folder,
+                                                              device=device))
+        _MODELS[key] = place(model, device), device
     return _MODELS[key]
 
 
@@ -124,10 +132,11 @@ def handle_train(msg: Message, context: Context) -> Message:
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
     recipe = recipe_for(cfg, group)
-    model, device = runtime(cfg, recipe)
+    model, device = runtime(cfg, recipe, context.node_config)
     plan = tuple(int(j) for j in msg.content["config"]["layers"])
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in 0..{model.num_blocks-1}")
+    hold_blocks(model, plan)
     recipe.configure(dict(msg.content["config"]))
     params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
     received = from_record(msg.content["arrays"])

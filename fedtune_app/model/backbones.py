@@ -190,12 +190,14 @@ def _timm_class(name: str):
     return MlpMixer if name.startswith("mixer") else VisionTransformer
 
 
-def _build(spec: ModelSpec) -> LayeredModel:
+def _build(spec: ModelSpec, weights: bool = True) -> LayeredModel:
+    """The layered model of ``spec``; with ``weights`` False its architecture only (no file or
+    hub is read: a random init, meant for the meta device)."""
     kwargs = spec.kwargs
     if _is_timm(spec.name):
         import timm
 
-        if spec.source == "pretrained":
+        if spec.source == "pretrained" and weights:
             model = timm.create_model(spec.name, pretrained=True, num_classes=spec.num_classes,
                                       **kwargs)
         else:
@@ -204,7 +206,7 @@ def _build(spec: ModelSpec) -> LayeredModel:
                                           num_classes=spec.num_classes, **kwargs)
             except TypeError:  # entrypoint fixes an argument we override: use the class
                 model = _timm_class(spec.name)(num_classes=spec.num_classes, **kwargs)
-            if spec.source != "random":
+            if spec.source != "random" and weights:
                 _load_timm_file(model, spec.source)
         if not hasattr(model, "blocks") or not hasattr(model, "forward_head"):
             raise ConfigError(f"run-config key 'model' = {spec.name!r}: timm model has no "
@@ -227,7 +229,7 @@ def _build(spec: ModelSpec) -> LayeredModel:
             f"Hugging Face model ({err.__class__.__name__}); e.g. vit_tiny_patch16_224, "
             f"mixer_b16_224, {MINILM}, or a local Hugging Face directory") from None
     hf_config._attn_implementation = "eager"
-    if spec.source == "random":
+    if spec.source == "random" or not weights:
         model = AutoModelForSequenceClassification.from_config(hf_config)
     else:
         try:
@@ -291,6 +293,15 @@ def build_backbone(spec: ModelSpec) -> LayeredModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = _build(spec)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def build_skeleton(spec: ModelSpec) -> LayeredModel:
+    """The frozen backbone's architecture on the meta device: every module, no storage."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with torch.device("meta"):
+        model = _build(spec, weights=False)
     model.requires_grad_(False)
     return model.eval()
 
