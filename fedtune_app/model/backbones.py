@@ -289,6 +289,11 @@ BUILDS = {"count": 0}  # backbones built in this process (benchmarks check it st
 def build_backbone(spec: ModelSpec) -> LayeredModel:
     """A fresh frozen backbone (random init is seeded so every node builds the same weights)."""
     BUILDS["count"] += 1
+    return frozen_backbone(spec)
+
+
+def frozen_backbone(spec: ModelSpec) -> LayeredModel:
+    """``build_backbone`` without counting it (a node writing its layered checkpoint once)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)

@@ -36,10 +36,12 @@ import torch
 from torch import nn
 
 from fedtune_app.config import ConfigError
-from fedtune_app.model.backbones import LayeredModel, ModelSpec, build_backbone, build_skeleton
+from fedtune_app.model.backbones import (BUILDS, LayeredModel, ModelSpec, build_skeleton,
+                                         frozen_backbone)
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
-FORMAT = "fedtune-layered-1"  # bump when the file layout changes: old cache files are ignored
+FORMAT = "fedtune-layered-1"
+ALIGN = 64  # bytes: torch's CPU allocator's alignment  # bump when the file layout changes: old cache files are ignored
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def layered_checkpoint(spec: ModelSpec, cache_dir: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):  # simulation actors of one node build it once
         if not path.is_file():
-            save_layered(build_backbone(spec), path)
+            save_layered(frozen_backbone(spec), path)
     return path
 
 
@@ -182,7 +184,11 @@ class BlockStore:
                                               f"{slot.name!r} is {tuple(tensor.shape)} "
                                               f"{tensor.dtype}, the model needs {slot.shape} "
                                               f"{slot.dtype}; delete it to rebuild it")
-                        read[slot.name] = tensor
+                        # safetensors' CPU tensors may start off the 64-byte alignment torch's
+                        # allocator gives; kernels pick other summation paths for them, and a
+                        # held block must compute exactly as the whole model's does
+                        read[slot.name] = tensor if tensor.data_ptr() % ALIGN == 0 \
+                            else tensor.clone()
                     _assign(slot, read[slot.name])
 
     def drop(self, block: int) -> None:
@@ -206,6 +212,7 @@ def build_on_demand(spec: ModelSpec, cache_dir: Path, device) -> LayeredModel:
     """The skeleton of ``spec`` with everything outside the blocks read from the node's layered
     checkpoint, and no block held yet (``hold_blocks`` loads a plan's)."""
     path = layered_checkpoint(spec, cache_dir)
+    BUILDS["count"] += 1
     model = build_skeleton(spec)
     store = BlockStore(path, frozen_slots(model), device)
     store.load([None])
