@@ -22,7 +22,7 @@ from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import client_examples, client_group, load_data, num_classes_of
 from fedtune_app.apps.faults import after_training, before_training
-from fedtune_app.model.block_store import build_on_demand, hold_blocks, place
+from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.methods import recipe_for
@@ -77,7 +77,8 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
         num = node_config_int(node_config, "num-partitions")
     except KeyError as err:
         raise ConfigError(f"node config lacks {err}; start the SuperNode with --node-config "
-                          "'partition-id=<i> num-partitions=<n>' (and optionally capacity=<L_i>)")
+                          "'partition-id=<i> num-partitions=<n>' (and optionally "
+                          "capacity=<L_i> memory-mb=<MB>)")
     if not 0 <= pid < num:
         raise ConfigError(f"node config partition-id={pid} is outside 0..{num - 1}")
     if "capacity" in node_config:  # a deployed device declares its own
@@ -117,10 +118,15 @@ def handle_query(msg: Message, context: Context) -> Message:
     pid, capacity, examples, splits = local_data(cfg, context)
     counts = np.bincount(examples.labels.numpy(), minlength=splits.num_classes)
     data_group = client_group(cfg, splits, pid, int(context.node_config["num-partitions"]))
+    memory_mb = 0
+    if "memory-mb" in context.node_config:  # a device declares how much its model may use
+        memory_mb = node_config_int(context.node_config, "memory-mb")
+        check_memory(ModelSpec.from_config(cfg, num_classes_of(cfg)), capacity, memory_mb)
     reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
                           "num-examples": len(examples), "group": data_group,
                           "label-counts": counts.tolist(), "checkpoint-bytes": fetched,
-                          "model-group": 0 if group is None else group})
+                          "model-group": 0 if group is None else group,
+                          "memory-mb": memory_mb})
     return Message(RecordDict({"info": reply}), reply_to=msg)
 
 

@@ -271,13 +271,33 @@ def resident_weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def required_weight_bytes(spec: ModelSpec, capacity: int) -> int:
-    """Frozen bytes a node of ``capacity`` holds at most: the parts outside the blocks and its
-    ``capacity`` largest blocks (from the architecture alone; nothing is read)."""
-    model = build_skeleton(spec)
-    slots = frozen_slots(model)
+def frozen_bytes(spec: ModelSpec) -> tuple[int, list[int]]:
+    """(bytes of the frozen tensors outside the blocks, bytes of each block), from the
+    architecture alone (nothing is read or allocated)."""
     per_part: dict = {}
-    for s in {s.name: s for s in slots}.values():
-        per_part[block_of(s.name)] = per_part.get(block_of(s.name), 0) + s.nbytes
-    blocks = sorted((v for k, v in per_part.items() if k is not None), reverse=True)
-    return per_part.get(None, 0) + sum(blocks[:capacity])
+    for slot in {s.name: s for s in frozen_slots(build_skeleton(spec))}.values():
+        part = block_of(slot.name)
+        per_part[part] = per_part.get(part, 0) + slot.nbytes
+    return per_part.get(None, 0), [per_part.get(j, 0) for j in range(len(per_part) - 1)]
+
+
+def check_memory(spec: ModelSpec, capacity: int, memory_mb: int) -> None:
+    """A node that declares ``memory-mb`` must hold the frozen weights of its ``capacity``
+    largest blocks and of everything outside the blocks (activations and the small trainable
+    part come on top)."""
+    shared, blocks = frozen_bytes(spec)
+    largest = sorted(blocks, reverse=True)
+    budget = memory_mb * 2**20
+    need = shared + sum(largest[:capacity])
+    if need <= budget:
+        return
+    fits = 0
+    while fits < len(largest) and shared + sum(largest[:fits + 1]) <= budget:
+        fits += 1
+    mb = 2**20
+    advice = f"declare capacity={fits} or less" if fits else \
+        "not even the parts outside the blocks fit"
+    raise ConfigError(f"node config memory-mb={memory_mb} cannot hold capacity={capacity} of "
+                      f"model {spec.name!r}: its frozen weights need {need / mb:.1f} MB "
+                      f"({shared / mb:.1f} MB outside the blocks + {capacity} blocks of up to "
+                      f"{largest[0] / mb:.1f} MB each); {advice}, or give the node more memory")
