@@ -167,6 +167,10 @@ class EncoderLayered(LayeredModel):
 
 
 def _is_timm(name: str) -> bool:
+    # timm names have no '/': a hub id or a local folder is a Hugging Face model, known without
+    # importing timm (and torchvision), seconds of every deployed message's start-up
+    if name == MINILM or "/" in name or os.sep in name:
+        return False
     import timm
 
     return timm.is_model(name)
