@@ -153,3 +153,22 @@ def test_memory_knob_says_how_many_blocks_fit():
     with pytest.raises(ConfigError, match=r"memory-mb=1 cannot hold capacity=3 .* "
                                           r"declare capacity=1 or less"):
         check_memory(small, 3, 1)
+
+
+def test_node_declaring_too_little_memory_fails_the_start_up_query(tmp_path):
+    """Capacity 3 of a 12-block width-128 ViT needs 17,960 + 3 x 793,088 bytes (2.3 MB): a
+    node declaring memory-mb=1 is refused at the start-up query, naming the knob."""
+    from inprocess import InProcessGrid
+
+    from client_app import app as client_app
+    from fedtune_app.apps.server import run_federation
+    from fedtune_app.methods import resolve_config
+
+    rc = {"preset": "smoke", "model": VIT12.name, "model-source": "random",
+          "model-args": VIT12.args.replace("embed_dim=32", "embed_dim=128"),
+          "capacities": "3,1", "num-server-rounds": 1, "results-dir": str(tmp_path),
+          "checkpoint-dir": str(tmp_path / "cache")}
+    nodes = [{"partition-id": 0, "num-partitions": 2, "capacity": 3, "memory-mb": 1},
+             {"partition-id": 1, "num-partitions": 2, "capacity": 1, "memory-mb": 1}]
+    with pytest.raises(RuntimeError, match=r"memory-mb=1 cannot hold capacity=3"):
+        run_federation(InProcessGrid(client_app, nodes, rc), resolve_config(rc))
