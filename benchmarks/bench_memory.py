@@ -224,7 +224,8 @@ def steady_round(checkout: Path, rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", default="minilm,vit-b")
-    parser.add_argument("--capacities", default="", help="comma-separated (default 1..L)")
+    parser.add_argument("--capacities", default="",
+                        help="comma-separated, those up to a job's L (default 1..L)")
     parser.add_argument("--before", default="", help="checkout to compare with")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4, help="in-process FedRA rounds (0: skip)")
@@ -247,8 +248,8 @@ def main() -> None:
     results, texts = {}, []
     for job_key in args.jobs.split(","):
         job = JOBS[job_key]
-        caps = [int(c) for c in args.capacities.split(",")] if args.capacities else \
-            list(range(1, job["blocks"] + 1))
+        caps = [c for c in map(int, args.capacities.split(",")) if c <= job["blocks"]] \
+            if args.capacities else list(range(1, job["blocks"] + 1))
         cache = tempfile.mkdtemp(prefix="bench-memory-")
         setup = node_setup(job["run_config"], cache)
         shared, block = block_bytes(job["run_config"])

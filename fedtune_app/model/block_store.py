@@ -167,29 +167,31 @@ class BlockStore:
                               f"file ({err}); delete it to rebuild it") from None
 
     def load(self, parts) -> None:
-        """Read the slots of ``parts`` (block indices, None = everything outside the blocks)."""
-        with self._open() as f:
-            available = set(f.keys())
-            read: dict[str, torch.Tensor] = {}
-            for part in parts:
+        """Read the slots of ``parts`` (block indices, None = everything outside the blocks),
+        one part per opening of the file: the mapped pages a read touches count in the
+        process's resident set until the file is closed, so at most one block's do."""
+        read: dict[str, torch.Tensor] = {}  # a tensor tied across parts is read once
+        for part in parts:
+            with self._open() as f:
+                available = set(f.keys())
                 for slot in self.slots.get(part, []):
-                    if slot.name not in available:
-                        raise ConfigError(f"frozen-weight file {self.path} lacks tensor "
-                                          f"{slot.name!r} (truncated or another model); delete "
-                                          "it to rebuild it")
                     if slot.name not in read:
-                        tensor = f.get_tensor(slot.name)
-                        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype:
-                            raise ConfigError(f"frozen-weight file {self.path}: tensor "
-                                              f"{slot.name!r} is {tuple(tensor.shape)} "
-                                              f"{tensor.dtype}, the model needs {slot.shape} "
-                                              f"{slot.dtype}; delete it to rebuild it")
-                        # safetensors' CPU tensors may start off the 64-byte alignment torch's
-                        # allocator gives; kernels pick other summation paths for them, and a
-                        # held block must compute exactly as the whole model's does
-                        read[slot.name] = tensor if tensor.data_ptr() % ALIGN == 0 \
-                            else tensor.clone()
+                        read[slot.name] = self._tensor(f, available, slot)
                     _assign(slot, read[slot.name])
+
+    def _tensor(self, f, available: set, slot: Slot) -> torch.Tensor:
+        if slot.name not in available:
+            raise ConfigError(f"frozen-weight file {self.path} lacks tensor {slot.name!r} "
+                              "(truncated or another model); delete it to rebuild it")
+        tensor = f.get_tensor(slot.name)
+        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype:
+            raise ConfigError(f"frozen-weight file {self.path}: tensor {slot.name!r} is "
+                              f"{tuple(tensor.shape)} {tensor.dtype}, the model needs "
+                              f"{slot.shape} {slot.dtype}; delete it to rebuild it")
+        # safetensors' CPU tensors may start off the 64-byte alignment of torch's allocator;
+        # kernels then take other summation paths, and a held block must compute exactly as
+        # the whole model's does
+        return tensor if tensor.data_ptr() % ALIGN == 0 else tensor.clone()
 
     def drop(self, block: int) -> None:
         for slot in self.slots.get(block, []):
