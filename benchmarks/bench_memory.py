@@ -86,7 +86,7 @@ def child(run_config: dict, capacity: int, cache: str) -> dict:
 
     from fedtune_app.federated.strategy import to_record
     from fedtune_app.model.adapters import initial_state, names_for_plan
-    from fedtune_app.model.backbones import build_skeleton, ModelSpec  # noqa: F401
+    from fedtune_app.model.backbones import ModelSpec, build_skeleton
     from fedtune_app.data.splits import num_classes_of
 
     cfg = resolve_config(run_config)
@@ -176,7 +176,7 @@ def spawn(checkout: Path, mode: str, run_config: dict, capacity: int, cache: str
                                                                             "1")}
     out = subprocess.run([sys.executable, str(HERE), "--child", mode, json.dumps(run_config),
                           str(capacity), cache], env=env, capture_output=True, text=True,
-                         cwd=checkout)
+                         cwd=checkout, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"child in {checkout} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -214,7 +214,7 @@ def steady_round(checkout: Path, rounds: int) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(checkout)}
     out = subprocess.run([sys.executable, str(HERE), "--rounds-child", str(rounds)], env=env,
-                         capture_output=True, text=True, cwd=checkout)
+                         capture_output=True, text=True, cwd=checkout, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"rounds in {checkout} failed:\n{out.stderr[-3000:]}")
     seconds = json.loads(out.stdout.strip().splitlines()[-1])["round-s"]
