@@ -4,8 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 CONFIG ?=
-# one simulated SuperNode per client of the (preset's) capacity profile, one CPU each
-FEDERATION ?= num-supernodes=$$($(BIN)/python -m fedtune_app.tools.config_info num-clients '$(CONFIG)') client-resources-num-cpus=1
+# empty: one simulated SuperNode per client of the (preset's) capacity profile, one CPU each
+FEDERATION ?=
+FEDTUNE := $(BIN)/fedtune
 RESULTS ?= $(CURDIR)/results
 
 # Flower writes its state here; no telemetry, no update checks, and never let the SuperLink
@@ -26,6 +27,8 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.lock
+	@# the `fedtune` command (console script of this package, editable: it runs this checkout)
+	$(BIN)/python -m pip install -q --no-deps -e .
 	@# Fashion-MNIST for the offline vision presets and `python -m fedtune_app.tools.pretrain` (best effort)
 	@dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || { apt-get update -qq && \
 	    apt-get install -y -qq dataset-fashion-mnist >/dev/null; } || \
@@ -34,19 +37,16 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 setup: $(VENV)/.installed
 
+# `fedtune run`: flwr run with the environment above, log in .flwr/last-run.log, stops the
+# local SuperLink afterwards, prints the results folder last
 run: setup
-	@mkdir -p "$(RESULTS)" "$(FLWR_HOME)"
-	@set -o pipefail; $(BIN)/flwr run . --stream \
-	    --federation-config "$(FEDERATION)" \
-	    --run-config 'results-dir="$(RESULTS)" $(CONFIG)' 2>&1 | tee .flwr/last-run.log; \
-	    status=$$?; $(MAKE) -s stop; \
-	    folder=$$(grep -o 'RESULTS .*' .flwr/last-run.log | tail -1 | cut -d' ' -f2); \
-	    test $$status -eq 0 -a -n "$$folder" || { echo "run failed (log: .flwr/last-run.log)"; exit 1; }; \
-	    echo "$$folder"
+	@$(FEDTUNE) run --results "$(RESULTS)" --run-config '$(CONFIG)' --federation-config '$(FEDERATION)'
 
 # one torch thread per test process: tiny models gain little from more, and on a machine whose
 # cores other jobs also use, OpenMP's busy threads slow runs down 20-80x
 test: setup
+	$(BIN)/ruff check --quiet .
+	$(BIN)/lint-imports --no-cache --no-logo
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 # The strategy-comparison notebooks, executed headless on a tiny preset (outputs not committed).
@@ -63,7 +63,7 @@ bench: setup
 
 # `flwr run` leaves a detached local SuperLink (and its simulation) running: stop ours.
 stop:
-	@$(BIN)/python -m fedtune_app.tools.local_superlink stop "$(FLWR_HOME)"
+	@$(FEDTUNE) stop --flwr-home "$(FLWR_HOME)"
 
 clean:
 	rm -rf $(VENV) .flwr results

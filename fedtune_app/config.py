@@ -45,7 +45,8 @@ KEYS: dict[str, Key] = {
     "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),
     "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
     # trainable part
-    "adapter": Key("lora", "trainable module inserted in each block", choices=("lora", "bottleneck")),
+    "adapter": Key("lora", "trainable module inserted in each block",
+                   choices=("lora", "bottleneck")),
     "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, "
                            "or 'last-fc' (the block's last fully connected layer, FedRA default)"),
     "lora-r": Key(8, "LoRA rank / bottleneck width", minimum=1),
@@ -88,6 +89,10 @@ KEYS: dict[str, Key] = {
                      minimum=0),
     "results-dir": Key("", "absolute folder under which the run's results folder is written "
                        "(default: ./results of the server process)"),
+    "tracker": Key("", "experiment tracking of every round's metrics: tensorboard (event files in "
+                   "the results folder), mlflow ($MLFLOW_TRACKING_URI or <results-dir>/mlflow.db), "
+                   "wandb (offline unless $WANDB_MODE), empty = none",
+                   choices=("", "tensorboard", "mlflow", "wandb")),
     # reliability: reply quorum, checkpoint/resume, fault injection (tests only)
     "min-valid-replies": Key(1, "a round with fewer valid replies keeps the previous global "
                              "state", minimum=1),
@@ -112,7 +117,8 @@ KEYS: dict[str, Key] = {
                             "per domain (per-domain), or levels drawn in 'capacity-ratio' "
                             "proportions over 'num-clients' clients (ratio)",
                             choices=("list", "per-domain", "ratio")),
-    "capacity-ratio": Key("", "ratio of clients per capacity level, e.g. '3:3:2:2' (profile ratio)"),
+    "capacity-ratio": Key("", "ratio of clients per capacity level, e.g. '3:3:2:2' "
+                          "(profile ratio)"),
     "num-clients": Key(0, "number of clients (0 = as many as the capacity profile lists)",
                        minimum=0),
     "dynamic-capacities": Key(False, "each round, each client's capacity ~ U[1, its capacity] "
@@ -124,6 +130,9 @@ KEYS: dict[str, Key] = {
     "image-size": Key(0, "resize images to this side length (0 = the data set's own)", minimum=0),
     "image-channels": Key(0, "1 (grey) or 3 (RGB) image channels (0 = the data set's own)",
                           choices=(0, 1, 3)),
+    "data-workers": Key(2, "DataLoader worker processes that decode image files / rows of large "
+                        "image sets (DomainNet, NICO++, Hugging Face) while a batch trains "
+                        "(0 = decode on the training thread)", minimum=0),
     "data-dir": Key("", "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, "
                     "or a Hugging Face dataset saved with save_to_disk)"),
     "hf-dataset": Key("", "Hugging Face hub data set name or local folder (dataset = hf)"),
@@ -257,12 +266,17 @@ def app_defaults() -> dict[str, Any]:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
+# key -> who registered it (e.g. 'method fedbrick'); the keys of ``KEYS`` above have none
+KEY_OWNERS: dict[str, str] = {}
+
+
 def register_keys(owner: str, keys: dict[str, Key]) -> None:
     """Add ``owner``'s run-config keys to the registry (a method's own keys)."""
     for key, spec in keys.items():
         if key in KEYS:
             raise ValueError(f"run-config key '{key}' of {owner} is already registered")
         KEYS[key] = spec
+        KEY_OWNERS[key] = owner
 
 
 # Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.

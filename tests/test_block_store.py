@@ -172,3 +172,19 @@ def test_node_declaring_too_little_memory_fails_the_start_up_query(tmp_path):
              {"partition-id": 1, "num-partitions": 2, "capacity": 1, "memory-mb": 1}]
     with pytest.raises(RuntimeError, match=r"memory-mb=1 cannot hold capacity=3"):
         run_federation(InProcessGrid(client_app, nodes, rc), resolve_config(rc))
+
+
+def test_a_decoder_family_plugs_in_unchanged(tmp_path):
+    """A Llama-style decoder (rotary frequencies are a non-persistent buffer of its stem) holds
+    only its planned layers and matches the whole model bit for bit."""
+    from test_decoders import save_decoder
+
+    spec = ModelSpec(save_decoder(tmp_path / "llama", layers=4), "random", "", 3, 2)
+    whole = build_backbone(spec)
+    client = build_on_demand(spec, tmp_path / "cache", "cpu")
+    hold_blocks(client, (1, 3))
+    assert {n.split(".")[1] for n in held_frozen(client) if n.startswith("blocks.")} == {"1", "3"}
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(4))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        assert torch.equal(client(inputs, plan=(1, 3)), whole(inputs, plan=(1, 3)))

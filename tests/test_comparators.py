@@ -10,11 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.federated.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
+from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
+                                               masked_weighted_mean)
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import Examples, client_examples, load_data, public_split
 from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss
 from fedtune_app.methods.flexifed import common_keys
+
+from floats import FLOAT32_ROUNDING, assert_rounded_mean, float32_atol
 
 
 def f32(*v):
@@ -55,7 +58,10 @@ def test_feddf_kd_loss_by_hand():
     # teacher/T = [0, ln 3] -> p = [1/4, 3/4]; student [0, 0] -> q = [1/2, 1/2]
     teacher = torch.tensor([[0.0, 2 * math.log(3)]])
     kl = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
-    assert kd_loss(torch.zeros(1, 2), teacher, 2.0).item() == pytest.approx(4 * kl, rel=1e-6)
+    # T^2 * sum of 2 terms p (log p - log q): each of the 4 float32 log-probabilities is within
+    # 6 roundings (shift, exp, sum, log, subtraction, the 1/T) of |z| + log 2 <= 2, and p <= 1
+    assert kd_loss(torch.zeros(1, 2), teacher, 2.0).item() == \
+        pytest.approx(4 * kl, rel=0, abs=4 * 4 * 6 * 2 * FLOAT32_ROUNDING)
     assert kd_loss(teacher, teacher, 1.0).item() == pytest.approx(0, abs=1e-7)
 
 
@@ -150,7 +156,11 @@ def test_core_lora_forward_is_the_formula():
         layer.lora_A.weight.copy_(A), layer.lora_C.weight.copy_(C), layer.lora_B.weight.copy_(B)
     x = torch.randn(5, 2)
     expected = x @ base.weight.T + base.bias + (4.0 / 2) * x @ A.T @ C.T @ B.T
-    torch.testing.assert_close(layer(x), expected)
+    # each output sums 2 base products, the bias and 2 * 2 * 2 LoRA products of x, A, C, B and
+    # the scale 2, in another order than the layer: 11 terms of at most 5 factors, each <= m
+    m = max(1.0, *(t.abs().max().item() for t in (x, A, C, B, base.weight, base.bias)))
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=float32_atol(m, m, m, m, 2.0,
+                                                                             terms=11))
 
 
 def test_pfedlora_shares_homogeneous_adapters_by_relative_depth():
@@ -246,9 +256,8 @@ def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
     sent2 = [from_message(m)[CONSENSUS] for m in train
              if int(m.content["config"]["server-round"]) == 2]
     for sent in sent2:
-        np.testing.assert_allclose(sent, np.mean(round1, axis=0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(state[CONSENSUS], np.mean([t[CONSENSUS] for t, _ in replies[2]],
-                                                         axis=0), rtol=1e-5, atol=1e-6)
+        assert_rounded_mean(sent, round1)
+    assert_rounded_mean(state[CONSENSUS], [t[CONSENSUS] for t, _ in replies[2]])
     # honest bytes: each message carries the P x C scores besides the group's tensors
     scores_bytes = 4 * shape[0] * shape[1]
     params = {p: n for p, n in metrics[0]["trainable-params"].items()}
@@ -275,14 +284,11 @@ def test_flexifed_two_rounds_shares_the_common_prefix_only(tmp_path):
         np.testing.assert_array_equal(state[name], state[twin])
         sent = [(t[n], k) for t, k in replies[2] for n in (name, twin) if n in t]
         assert len(sent) == 4
-        mean = sum(v.astype(np.float64) * k for v, k in sent) / sum(k for _, k in sent)
-        np.testing.assert_allclose(state[name], mean, rtol=1e-5, atol=1e-7)
+        assert_rounded_mean(state[name], *zip(*sent))
     # the heads follow different depths: each the mean of its own group's clients
     head0 = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
     assert len(head0) == 2
-    np.testing.assert_allclose(state["groups.0.head.weight"],
-                               sum(v * k for v, k in head0) / sum(k for _, k in head0),
-                               rtol=1e-5, atol=1e-7)
+    assert_rounded_mean(state["groups.0.head.weight"], *zip(*head0))
     assert not np.allclose(state["groups.0.head.weight"][:, :16], state["groups.1.head.weight"])
 
 

@@ -6,6 +6,7 @@ One backbone with adapters (``GlobalEvaluator``), or with model groups one model
 from __future__ import annotations
 
 import numpy as np
+from sklearn.metrics import matthews_corrcoef
 from torch import nn
 
 from fedtune_app.data.groups import GroupedModel, GroupedRecipe, group_config, group_specs
@@ -56,6 +57,8 @@ class GlobalEvaluator:
         extra = {f"accuracy-{name}": float((p == labels).mean())
                  for name, (p, _) in list(outputs.items())[1:]}
         return {"accuracy": float(correct.mean()), "loss": float(losses.mean()),
+                # GLUE's metric for CoLA (HeteroTune Table 3), reported for every run
+                "matthews-corr": float(matthews_corrcoef(labels, preds)),
                 "accuracy-per-group": groups,
                 "accuracy-per-class": dict(zip(map(str, range(len(per_class))),
                                                np.nan_to_num(per_class).tolist()))} | extra
@@ -109,6 +112,9 @@ class GroupedEvaluator:
         acc = {str(g): m["accuracy"] for g, m in per.items()}
         return {"accuracy": float(np.mean(list(acc.values()))),
                 "loss": float(np.mean([m["loss"] for m in per.values()])),
+                "matthews-corr": float(np.mean([m["matthews-corr"] for m in per.values()])),
+                "matthews-corr-per-model-group": {str(g): m["matthews-corr"]
+                                                  for g, m in per.items()},
                 "accuracy-smallest": per[first]["accuracy"],
                 "accuracy-largest": per[last]["accuracy"],
                 "accuracy-per-model-group": acc,

@@ -11,6 +11,7 @@ timed out), or a list of replies (a repeated reply, a stray one from another nod
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Callable
 
@@ -100,3 +101,25 @@ def run_inprocess(run_config: dict, client_app=None) -> str:
     cfg = resolve_config(run_config)
     nodes = simulation_nodes(num_clients(cfg))
     return run_federation(InProcessGrid(client_app, nodes, run_config), cfg)
+
+
+@contextlib.contextmanager
+def progress(run_configs: list[dict], desc: str = "runs"):
+    """One tqdm bar over every round of these runs (methods x seeds x rounds), advanced by the
+    results writer after each round of any run in this process."""
+    from tqdm.auto import tqdm
+
+    from fedtune_app.apps.results import round_listener
+    from fedtune_app.methods import resolve_config
+
+    total = sum(resolve_config(rc)["num-server-rounds"] for rc in run_configs)
+    with tqdm(total=total, desc=desc, unit="round") as bar, round_listener(
+            lambda cfg, record: (bar.set_postfix_str(f"{cfg['method']} seed {cfg['seed']}"),
+                                 bar.update())):
+        yield bar
+
+
+def run_all(run_configs: list[dict], desc: str = "runs", client_app=None) -> list[str]:
+    """``run_inprocess`` of each run config in turn, with one progress bar; their folders."""
+    with progress(run_configs, desc):
+        return [run_inprocess(rc, client_app) for rc in run_configs]

@@ -6,10 +6,12 @@
     state.safetensors  final global trainable state (wire names)
     accuracy.png       global test accuracy per round
     partition.png      label counts and capacities (per round) of every client
+    tensorboard/       with run-config key tracker = "tensorboard" (see apps/tracking.py)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,8 +23,21 @@ import numpy as np
 
 from fedtune_app.model.perf import process_stats
 from fedtune_app.apps.plots import plot_partition
+from fedtune_app.apps.tracking import make_tracker, round_scalars
 
 log = logging.getLogger("fedtune")
+# called with (run config, round record) after every round of a run in this process: progress
+# bars of the tools that run many federations (compare, notebooks)
+ROUND_LISTENERS: list = []
+
+
+@contextlib.contextmanager
+def round_listener(callback):
+    ROUND_LISTENERS.append(callback)
+    try:
+        yield callback
+    finally:
+        ROUND_LISTENERS.remove(callback)
 
 
 def write_json(path: Path, value) -> None:
@@ -46,9 +61,13 @@ class ResultsWriter:
             folder, n = Path(f"{base}-{n}"), n + 1
         folder.mkdir(parents=True)
         self.folder = folder
+        self.started, self.rounds_done = time.time(), 0  # this process's rounds: elapsed, ETA
         self.metrics: list[dict] = list(metrics)  # a resumed run starts with the earlier rounds
         write_json(folder / "config.json", {"run-config": cfg,
                                             "clients": [asdict(c) for c in clients]})
+        self.tracker = make_tracker(cfg, folder)
+        for record in self.metrics:  # a resumed run's tracker gets the earlier rounds too
+            self._track(record)
 
     def record_round(self, server_round: int, evaluation: dict | None) -> None:
         entry = self.strategy.history[-1]
@@ -80,12 +99,23 @@ class ResultsWriter:
         record |= {k: v for k, v in entry.method_metrics.items() if k not in record}
         self.metrics.append(record)
         write_json(self.folder / "metrics.json", self.metrics)
+        self._track(record)
+        for callback in ROUND_LISTENERS:
+            callback(self.cfg, record)
+        self.rounds_done += 1
+        elapsed = time.time() - self.started
+        eta = elapsed / self.rounds_done * (self.cfg["num-server-rounds"] - server_round)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"
         loss = "  -  " if record["loss"] is None else f"{record['loss']:.3f}"
         log.info("round %d/%d | accuracy %s | loss %s | train-loss %.3f | down %.2f MB | "
-                 "up %.2f MB | rejected %d | %.1f s", server_round, self.cfg["num-server-rounds"],
-                 acc, loss, entry.train_loss, entry.bytes_down / 1e6, entry.bytes_up / 1e6,
-                 len(entry.rejected), record["seconds"])
+                 "up %.2f MB | rejected %d | %.1f s | elapsed %s | ETA %s", server_round,
+                 self.cfg["num-server-rounds"], acc, loss, entry.train_loss,
+                 entry.bytes_down / 1e6, entry.bytes_up / 1e6, len(entry.rejected),
+                 record["seconds"], clock(elapsed), clock(eta))
+
+    def _track(self, record: dict) -> None:
+        if self.tracker is not None:
+            self.tracker.log_round(record["round"], round_scalars(record))
 
     def finish(self) -> None:
         from safetensors.numpy import save_file
@@ -96,7 +126,16 @@ class ResultsWriter:
         plot_accuracy(self.metrics, self.folder / "accuracy.png", self.cfg["method"])
         plot_partition(self.strategy.clients, self.strategy.history,
                        self.folder / "partition.png")
+        if self.tracker is not None:
+            self.tracker.close()
         log.info("fedtune: results in %s", self.folder)
+
+
+def clock(seconds: float) -> str:
+    """1:02:03 / 2:03"""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def plot_accuracy(metrics: list[dict], path: Path, label: str) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
 from fedtune_app.config import ConfigError
+from fedtune_app.training.local import check_precision, pick_device
 from fedtune_app.data.splits import domain_list
 from fedtune_app.model.frozen_weights import with_checkpoint
 from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build_global
@@ -66,6 +66,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     """The whole run; returns the results folder."""
     domains = domain_list(cfg)
     check_scenario(cfg, None if domains is None else len(domains))
+    check_precision(cfg["precision"], pick_device(cfg["device"]))  # no GPU: stop before loading
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
     model, recipe = build_global(model_cfg)  # with model groups: one model per group
     grouped = num_groups(cfg) > 0  # capacities then choose a model, not a number of blocks

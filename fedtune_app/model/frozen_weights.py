@@ -3,10 +3,10 @@
 Frozen backbone weights never travel in round messages. A node that lacks the checkpoint named
 by ``checkpoint-url`` (https://, http:// or file://) downloads it once into its own cache
 (``<data-dir>/checkpoints`` from its node config, else the run config's ``checkpoint-dir``, else
-``~/.cache/fedtune/checkpoints``), checks the SHA-256 given in ``checkpoint-sha256`` and only
-then moves it into place under its hash. A corrupted or tampered file is rejected and never
-used. The node reports the bytes of that one fetch in its start-up answer, apart from the
-per-round adapter traffic.
+``~/.cache/fedtune/checkpoints``) with pooch, which checks the SHA-256 given in
+``checkpoint-sha256`` and only then moves it into place under its hash. A corrupted or tampered
+file is rejected and never used. The node reports the bytes of that one fetch in its start-up
+answer, apart from the per-round adapter traffic.
 
 Archives (.tar, .tar.gz, .tgz, .zip) are unpacked after the check: that is how a Hugging Face
 model directory travels; a timm checkpoint is a single .safetensors / .pth / .bin file.
@@ -53,31 +53,39 @@ def _suffix(url: str) -> str:
     return Path(name).suffix
 
 
+def _copy_file_url(url: str, output_file, _pooch=None) -> None:
+    """pooch downloader for file:// URLs (pooch itself speaks http(s), ftp, sftp, doi)."""
+    with urllib.request.urlopen(url, timeout=60) as src:
+        if hasattr(output_file, "write"):
+            shutil.copyfileobj(src, output_file, CHUNK)
+        else:
+            with open(output_file, "wb") as out:
+                shutil.copyfileobj(src, out, CHUNK)
+
+
 def _download(url: str, target: Path, expected: str) -> int:
-    """Stream ``url`` into a temporary file next to ``target``, hash it on the way, and move it
-    into place only if the hash matches. Returns the bytes read."""
+    """Fetch ``url`` into ``target`` with pooch: it streams into a temporary file next to the
+    target, checks the SHA-256 and only then moves the file into place (a parallel node sharing
+    the cache never sees half a file; a bad file is discarded). Returns the bytes read."""
+    import pooch
+    import requests
+
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
-    digest, size = hashlib.sha256(), 0
+    downloader = _copy_file_url if urlparse(url).scheme == "file" else \
+        pooch.HTTPDownloader(timeout=60)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as src:
-            for chunk in iter(lambda: src.read(CHUNK), b""):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-        if digest.hexdigest() != expected:
-            raise ConfigError(f"run-config key 'checkpoint-sha256': the file at {url} "
-                              f"({size} bytes) has SHA-256 {digest.hexdigest()}, expected "
-                              f"{expected}; the file is corrupted or not the one named; "
-                              "it was discarded")
-        os.replace(tmp, target)  # atomic: parallel nodes sharing a cache never see half a file
-    except OSError as err:
+        pooch.retrieve(url, known_hash=f"sha256:{expected}", fname=target.name,
+                       path=target.parent, downloader=downloader)
+    except ValueError as err:  # pooch's hash mismatch
+        if "hash" not in str(err).lower():
+            raise
+        raise ConfigError(f"run-config key 'checkpoint-sha256': the file at {url} does not "
+                          f"have SHA-256 {expected}; the file is corrupted or not the one "
+                          "named; it was discarded") from None
+    except (OSError, requests.RequestException) as err:
         raise ConfigError(f"run-config key 'checkpoint-url' = {url!r}: cannot fetch it "
                           f"({err.__class__.__name__}: {err})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return size
+    return target.stat().st_size
 
 
 _VERIFIED: set[tuple[str, int, int]] = set()

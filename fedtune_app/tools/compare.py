@@ -26,7 +26,7 @@ from flwr.common.config import parse_config_args
 
 from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
-from fedtune_app.apps.inprocess import run_inprocess
+from fedtune_app.apps.inprocess import progress, run_inprocess
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
     return Path(run_inprocess(dict(run_config) | {"method": method,
@@ -44,7 +44,8 @@ def summarize(method: str, folder: Path) -> dict:
         groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
         average = last["accuracy"]
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest")}
+              and isinstance(v, (int, float))
+              and k not in ("accuracy-smallest", "accuracy-largest")}
     return {"method": method, "round": last["round"], "groups": groups,
             "average": average, "accuracy": last["accuracy"],
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
@@ -110,12 +111,14 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "") 
         resolve_config(dict(run_config) | {"method": method})
     out.mkdir(parents=True, exist_ok=True)
     rows, labels = [], {}
-    for method in methods:
-        folder = run_method(method, run_config, out / "runs")
-        rows.append(summarize(method, folder))
-        labels = labels or group_labels(folder)
-        write_table(rows, labels, out, command)  # after each method: a stopped run keeps its rows
-        plot(rows, out / "compare.png")
+    with progress([dict(run_config) | {"method": m} for m in methods], "compare"):
+        for method in methods:
+            folder = run_method(method, run_config, out / "runs")
+            rows.append(summarize(method, folder))
+            labels = labels or group_labels(folder)
+            # after each method: a stopped comparison keeps its rows
+            write_table(rows, labels, out, command)
+            plot(rows, out / "compare.png")
     return rows
 
 

@@ -4,7 +4,8 @@
         how many simulated SuperNodes the run needs (``make run`` sizes the federation with it)
     python -m fedtune_app.tools.config_info params 'key=value ...'
         the Table-2 parameter counts of every model group (e.g. method=heterotune with
-        ViT-T/S/B/L), in Markdown, from the architectures on the meta device (no weights)
+        ViT-T/S/B/L, or preset=heterotune-t3-glue-sst2 for LLaMA-3.2-1B/3B, next to the paper's
+        counts), in Markdown, from the architectures on the meta device (no weights)
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec
 
 
+def supernodes_needed(run_config: str) -> int:
+    """Simulated SuperNodes of a run: one per client of the (preset's) capacity profile."""
+    given = parse_config_args([run_config]) if run_config.strip() else {}
+    return num_clients(resolve_config({**app_defaults(), **given}))
+
+
+# HeteroTune Table 2 (M parameters): full fine-tuning, trained & sent by HeteroTune
+PAPER_TABLE2 = {"meta-llama/Llama-3.2-1B": (1236.58, 50.33),
+                "meta-llama/Llama-3.2-3B": (3212.75, 117.44)}
+
+
 def parameter_table(cfg: dict) -> list[dict]:
     """Table 2 of a run config without any weights (architectures on the meta device)."""
     rows = []
@@ -39,20 +51,21 @@ def parameter_table(cfg: dict) -> list[dict]:
 def print_parameter_table(cfg: dict) -> None:
     print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
     print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
-          "reduction (%) |\n|---|---|---|---|---|---|")
+          "reduction (%) | paper: full / trained (M) |\n|---|---|---|---|---|---|---|")
     for r in parameter_table(cfg):
+        paper = " / ".join(map(str, PAPER_TABLE2.get(r["model"], ("-",))))
         print(f"| {r['group']} | {r['model']} {r['model-args']} | {r['model-params'] / 1e6:.3f} "
               f"| {r['trainable-params'] / 1e6:.4f} | {r['received-params'] / 1e6:.4f} | "
-              f"{r['reduction-%']:.2f} |")
+              f"{r['reduction-%']:.2f} | {paper} |")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[0] not in ("num-clients", "params"):
         raise SystemExit(__doc__)
-    given = parse_config_args([argv[1]]) if argv[1].strip() else {}
     if argv[0] == "num-clients":
-        print(num_clients(resolve_config({**app_defaults(), **given})))
+        print(supernodes_needed(argv[1]))
     else:
+        given = parse_config_args([argv[1]]) if argv[1].strip() else {}
         print_parameter_table(resolve_config(given))
 
 

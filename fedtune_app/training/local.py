@@ -14,6 +14,9 @@ from fedtune_app.data.splits import Examples
 
 
 def pick_device(choice: str = "auto") -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run-config key 'device' = 'cuda': this machine has no CUDA GPU (the "
+                          "LLaMA presets need one); allowed here: auto, cpu")
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")

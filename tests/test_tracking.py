@@ -1,0 +1,84 @@
+"""Experiment tracking: a real (in-process) federated run writes every round's scalars to
+TensorBoard / MLflow, and reading them back gives the numbers of metrics.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from fedtune_app.apps.results import clock, round_listener
+from fedtune_app.apps.tracking import round_scalars
+from runs import run
+
+
+def expected_curves(folder) -> dict[str, list[tuple[int, float]]]:
+    metrics = json.loads((folder / "metrics.json").read_text())
+    curves: dict[str, list] = {}
+    for record in metrics:
+        for name, value in round_scalars(record).items():
+            curves.setdefault(name, []).append((record["round"], value))
+    return curves
+
+
+def test_round_scalars_flatten_groups_and_skip_non_numbers():
+    record = {"round": 3, "accuracy": 0.5, "loss": None, "accuracy-per-group": {"0": 0.25},
+              "rejected": {"2": "nan"}, "clients": [0, 1], "state-updated": True,
+              "bytes-up": 10, "started": 1.0e9, "server": {"rss": 1}}
+    assert round_scalars(record) == {"accuracy": 0.5, "accuracy-per-group/0": 0.25,
+                                     "rejected-clients": 1.0, "bytes-up": 10.0}
+
+
+def test_clock():
+    assert (clock(59.6), clock(61), clock(3723)) == ("1:00", "1:01", "1:02:03")
+
+
+def test_tensorboard_reads_back_every_round(tmp_path, caplog):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = []
+    with caplog.at_level(logging.INFO, logger="fedtune"), \
+            round_listener(lambda cfg, record: seen.append((cfg["method"], record["round"]))):
+        folder = run(tmp_path, tracker="tensorboard")
+    assert seen == [("fedra", 1), ("fedra", 2)]  # what compare's progress bar counts
+    lines = [m for m in caplog.messages if m.startswith("round ")]
+    assert len(lines) == 2 and " | elapsed " in lines[0]
+    assert lines[-1].endswith(" | ETA 0:00")  # no round left after the last one
+    events = EventAccumulator(str(folder / "tensorboard")).Reload()
+    curves = expected_curves(folder)
+    assert {"accuracy", "train-loss", "bytes-down", "accuracy-per-group/client-0"} <= set(curves)
+    assert set(events.Tags()["scalars"]) == set(curves)
+    for name, points in curves.items():
+        got = [(e.step, e.value) for e in events.Scalars(name)]
+        # TensorBoard stores float32: the float64 value rounded to float32, exactly
+        assert got == [(step, float(np.float32(v))) for step, v in points], name
+    assert "fedra" in events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+
+
+def test_mlflow_reads_back_every_round(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folder = run(tmp_path, tracker="mlflow")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [found] = client.search_runs([client.get_experiment_by_name("fedtune").experiment_id])
+    assert found.data.params["method"] == "fedra"
+    assert found.data.tags["results-folder"] == str(folder)
+    assert found.info.status == "FINISHED"
+    for name, points in expected_curves(folder).items():
+        got = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, name))
+        assert got == points, name  # MLflow keeps float64
+
+
+def test_a_missing_tracker_package_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
+    import sys
+
+    from fedtune_app.apps.tracking import make_tracker
+    from fedtune_app.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(ConfigError, match="'tracker' = 'wandb' needs the package 'wandb'"):
+        make_tracker({"tracker": "wandb"}, tmp_path)
+    assert make_tracker({"tracker": ""}, tmp_path) is None
