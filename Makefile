@@ -66,6 +66,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_bytes.py
 	$(BIN)/python benchmarks/bench_layers.py --threads 1
 	$(BIN)/python benchmarks/bench_simulation.py
+	$(BIN)/python benchmarks/bench_memory.py
 
 # `flwr run` leaves a detached local SuperLink (and its simulation) running: stop ours.
 stop:

@@ -24,11 +24,13 @@ from fedtune_app.config import app_defaults  # noqa: E402
 from fedtune_app.methods import resolve_config  # noqa: E402
 from fedtune_app.data.splits import load_data  # noqa: E402
 from fedtune_app.training.local import train_local  # noqa: E402
+from fedtune_app.model.block_store import hold_blocks  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 
 
 def step_seconds(model, plan, data, cfg, device, steps: int, repeats: int) -> float:
+    hold_blocks(model, plan)  # as a client does before training its plan
     sub = model.subnetwork(plan)
     params = list(trainable_parameters(sub).values())
     times = []

@@ -124,9 +124,11 @@ def test_nodes_fetch_the_checkpoint_once_and_train_on_its_weights(tmp_path):
     assert 4 * (5 * 1280 + 2 * 330) <= metrics[0]["bytes-down"] < size
     # the frozen weights the node trains on are the checkpoint's, not the seeded random init
     from fedtune_app.apps.client import runtime
+    from fedtune_app.model.block_store import hold_blocks
     node_cfg, fetched = with_checkpoint(resolve_config(rc), nodes[0])
     assert fetched == 0
     model, _ = runtime(node_cfg)
+    hold_blocks(model, (1,))
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight, reference.blocks[1].attn.qkv.weight)
 
 

@@ -1,12 +1,15 @@
 """What a node does: answer the start-up query, and train the sub-network it is given.
 
-The frozen backbone and the node's data are built once per process (``_runtime``) and reused
-every round: a round only copies the received trainable tensors into the cached model, trains
-the planned blocks, and replies with the same names. Frozen weights never travel.
+The node's model and data are built once per process (``runtime``) and reused every round: a
+round makes the model hold its plan's frozen blocks (read by name from the node's layered
+checkpoint on disk; the others are not in memory, ``model.block_store``), copies the received
+trainable tensors into it, trains the planned blocks, and replies with the same names. Frozen
+weights never travel.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 
@@ -20,7 +23,8 @@ from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import client_examples, client_group, load_data, num_classes_of
 from fedtune_app.apps.faults import after_training, before_training
-from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
+from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.methods import recipe_for
 from fedtune_app.federated.objectives import LocalObjective
@@ -33,20 +37,24 @@ from fedtune_app.training.local import check_precision, pick_device
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
 
 
-def runtime(cfg: dict, recipe=None):
+def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     """(model with adapters on all blocks and the method's extra modules, device), cached per
-    process (the two most recent, or one per model group) and per method extension."""
+    process (the two most recent, or one per model group) and per method extension. The model
+    holds no frozen block until ``hold_blocks(model, plan)``; its frozen weights come from the
+    node's cache folder (``frozen_weights.cache_dir``)."""
     recipe = recipe or recipe_for(cfg)
     spec, adapters = ModelSpec.from_config(cfg, num_classes_of(cfg)), AdapterSpec.from_config(cfg)
+    folder = cache_dir(cfg, node_config)
     key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
-           recipe.cache_key(), recipe.group)
+           recipe.cache_key(), recipe.group, folder)
     if key not in _MODELS:
         while len(_MODELS) >= max(2, num_groups(cfg)):
             _MODELS.pop(next(iter(_MODELS)))
         device = pick_device(cfg["device"])
         check_precision(cfg["precision"], device)
-        model = recipe.build(spec)
-        _MODELS[key] = model.to(device), device
+        model = recipe.build(spec, backbone=functools.partial(build_on_demand, cache_dir=folder,
+                                                              device=device))
+        _MODELS[key] = place(model, device), device
     return _MODELS[key]
 
 
@@ -71,7 +79,7 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
     except KeyError as err:
         raise ConfigError(f"node config lacks {err}; start the SuperNode with --node-config "
                           "'partition-id=<i> num-partitions=<n>' (and optionally "
-                          "capacity=<L_i>)") from None
+                          "capacity=<L_i> memory-mb=<MB>)") from None
     if not 0 <= pid < num:
         raise ConfigError(f"node config partition-id={pid} is outside 0..{num - 1}")
     if "capacity" in node_config:  # a deployed device declares its own
@@ -111,10 +119,15 @@ def handle_query(msg: Message, context: Context) -> Message:
     pid, capacity, examples, splits = local_data(cfg, context)
     counts = np.bincount(examples.labels.numpy(), minlength=splits.num_classes)
     data_group = client_group(cfg, splits, pid, int(context.node_config["num-partitions"]))
+    memory_mb = 0
+    if "memory-mb" in context.node_config:  # a device declares how much its model may use
+        memory_mb = node_config_int(context.node_config, "memory-mb")
+        check_memory(ModelSpec.from_config(cfg, num_classes_of(cfg)), capacity, memory_mb)
     reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
                           "num-examples": len(examples), "group": data_group,
                           "label-counts": counts.tolist(), "checkpoint-bytes": fetched,
-                          "model-group": 0 if group is None else group})
+                          "model-group": 0 if group is None else group,
+                          "memory-mb": memory_mb})
     return Message(RecordDict({"info": reply}), reply_to=msg)
 
 
@@ -126,11 +139,12 @@ def handle_train(msg: Message, context: Context) -> Message:
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
     recipe = recipe_for(cfg, group)
-    model, device = runtime(cfg, recipe)
+    model, device = runtime(cfg, recipe, context.node_config)
     plan = tuple(int(j) for j in msg.content["config"]["layers"])
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in "
                          f"0..{model.num_blocks - 1}")
+    hold_blocks(model, plan)
     recipe.configure(dict(msg.content["config"]))
     # the official FedRA code's per-round cap (``fedra-repo-batch-cap``); |D_i| stays the same
     num_examples = len(examples)

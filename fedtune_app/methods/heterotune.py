@@ -167,8 +167,8 @@ class HeteroTuneRecipe(ClientRecipe):
     def wire(self, name):
         return name if name.startswith(SHARE) else super().wire(name)
 
-    def build(self, spec):
-        return attach_fedadapters(build_backbone(spec), self.cfg, self.group)
+    def build(self, spec, backbone=build_backbone):
+        return attach_fedadapters(backbone(spec), self.cfg, self.group)
 
     def initial_state(self, model, seed):
         """Seeded, the same on every node; share-adapters do not depend on the group."""

@@ -100,8 +100,8 @@ def attach_core_lora(model, modules: list[str], r: int, alpha: float, dropout: f
 class PFedLoRARecipe(ClientRecipe):
     """The B C A adapter instead of peft's LoRA, C = I at start, iterative local training."""
 
-    def build(self, spec):
-        model = build_backbone(spec)
+    def build(self, spec, backbone=build_backbone):
+        model = backbone(spec)
         modules = resolve_modules(model, self.cfg["adapter-modules"])
         attach_core_lora(model, modules, self.cfg["lora-r"], self.cfg["lora-alpha"],
                          self.cfg["lora-dropout"])

@@ -314,6 +314,10 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def _is_timm(name: str) -> bool:
+    # timm names have no '/': a hub id or a local folder is a Hugging Face model, known without
+    # importing timm (and torchvision), seconds of every deployed message's start-up
+    if name == MINILM or "/" in name or os.sep in name:
+        return False
     import timm
 
     return timm.is_model(name)
@@ -343,12 +347,14 @@ def _timm_class(name: str):
     return MlpMixer if name.startswith("mixer") else VisionTransformer
 
 
-def _build(spec: ModelSpec) -> LayeredModel:
+def _build(spec: ModelSpec, weights: bool = True) -> LayeredModel:
+    """The layered model of ``spec``; with ``weights`` False its architecture only (no file or
+    hub is read: a random init, meant for the meta device)."""
     kwargs = spec.kwargs
     if _is_timm(spec.name):
         import timm
 
-        if spec.source == "pretrained":
+        if spec.source == "pretrained" and weights:
             model = timm.create_model(spec.name, pretrained=True, num_classes=spec.num_classes,
                                       **kwargs)
         else:
@@ -357,7 +363,7 @@ def _build(spec: ModelSpec) -> LayeredModel:
                                           num_classes=spec.num_classes, **kwargs)
             except TypeError:  # entrypoint fixes an argument we override: use the class
                 model = _timm_class(spec.name)(num_classes=spec.num_classes, **kwargs)
-            if spec.source != "random":
+            if spec.source != "random" and weights:
                 _load_timm_file(model, spec.source)
         if not hasattr(model, "blocks") or not hasattr(model, "forward_head"):
             raise ConfigError(f"run-config key 'model' = {spec.name!r}: timm model has no "
@@ -384,7 +390,7 @@ def _build(spec: ModelSpec) -> LayeredModel:
     hf_config._attn_implementation = "eager"
     # parameters stay float32 ('precision' = bf16 is autocast); transformers would otherwise
     # build a bf16 checkpoint's model (Llama 3.2) in bf16, where small SGD steps vanish
-    if spec.source == "random":
+    if spec.source == "random" or not weights:
         model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32)
     else:
         try:
@@ -450,10 +456,24 @@ BUILDS = {"count": 0}  # backbones built in this process (benchmarks check it st
 def build_backbone(spec: ModelSpec) -> LayeredModel:
     """A fresh frozen backbone (random init is seeded so every node builds the same weights)."""
     BUILDS["count"] += 1
+    return frozen_backbone(spec)
+
+
+def frozen_backbone(spec: ModelSpec) -> LayeredModel:
+    """``build_backbone`` without counting it (a node writing its layered checkpoint once)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = _build(spec)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def build_skeleton(spec: ModelSpec) -> LayeredModel:
+    """The frozen backbone's architecture on the meta device: every module, no storage."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with torch.device("meta"):
+        model = _build(spec, weights=False)
     model.requires_grad_(False)
     return model.eval()
 

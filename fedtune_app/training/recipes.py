@@ -32,9 +32,10 @@ class ClientRecipe:
         ``groups.<g>.`` prefix)."""
         return name if self.group is None else f"groups.{self.group}.{name}"
 
-    def build(self, spec: ModelSpec) -> LayeredModel:
-        """The node's model: backbone, adapters, the method's extra modules."""
-        return self.extend(attach_adapters(build_backbone(spec), AdapterSpec.from_config(self.cfg)))
+    def build(self, spec: ModelSpec, backbone=build_backbone) -> LayeredModel:
+        """The node's model: backbone, adapters, the method's extra modules. ``backbone``
+        builds the frozen backbone (a client's: one that holds only its plan's blocks)."""
+        return self.extend(attach_adapters(backbone(spec), AdapterSpec.from_config(self.cfg)))
 
     def initial_state(self, model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
         return {self.wire(n): v for n, v in initial_state(model, seed).items()}
