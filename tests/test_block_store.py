@@ -148,7 +148,8 @@ def test_memory_knob_says_how_many_blocks_fit():
     small = dataclasses.replace(VIT12, args=VIT12.args.replace("embed_dim=32", "embed_dim=128"))
     shared, blocks = frozen_bytes(small)
     fits = (2**20 - shared) // blocks[0]
-    assert fits == 1  # 17,960 + 793,088 bytes (one width-128 block of 198,272 floats) fit in 1 MB; two do not
+    # 17,960 + 793,088 bytes (one width-128 block of 198,272 floats) fit in 1 MB; two do not
+    assert fits == 1
     check_memory(small, 1, 1)
     with pytest.raises(ConfigError, match=r"memory-mb=1 cannot hold capacity=3 .* "
                                           r"declare capacity=1 or less"):

@@ -40,8 +40,8 @@ from fedtune_app.model.backbones import (BUILDS, LayeredModel, ModelSpec, build_
                                          frozen_backbone)
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
-FORMAT = "fedtune-layered-1"
-ALIGN = 64  # bytes: torch's CPU allocator's alignment  # bump when the file layout changes: old cache files are ignored
+FORMAT = "fedtune-layered-1"  # bump when the file layout changes: old cache files are ignored
+ALIGN = 64  # bytes: torch's CPU allocator's alignment
 
 
 @dataclass(frozen=True)
