@@ -136,3 +136,64 @@ def test_dp_config_is_checked():
         resolve_config({"dp-noise-multiplier": 1.0, "method": "inclusivefl"})
     with pytest.raises(ConfigError, match="'aggregator' = 'krum' is not allowed"):
         resolve_config({"aggregator": "krum"})
+
+
+# -- whole runs: the real ClientApp over the in-process grid ----------------------------------
+ATTACKS = ("huge", "flip", "noise", "diverge")
+ATTACKER = 0  # capacity 4 of the smoke preset: the only holder of some blocks in some rounds
+TWO_ROUNDS = {"num-server-rounds": 2}
+
+
+def records(folder):
+    return json.loads((folder / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    from flwr.app import MessageType
+
+    tmp = tmp_path_factory.mktemp("robust")
+    drop = {ATTACKER: lambda msg, reply: None if msg.metadata.message_type ==
+            MessageType.TRAIN else reply}
+    return run(tmp / "honest", **TWO_ROUNDS), run(tmp / "dropped", faults=drop, **TWO_ROUNDS)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_one_hostile_client_changes_nothing_under_default_screening(attack, reference_runs,
+                                                                    tmp_path):
+    honest, dropped = reference_runs
+    folder = run(tmp_path, **TWO_ROUNDS | {"fault-injection": f"{attack}={ATTACKER}"})
+    for record in records(folder):
+        # the attacker is rejected by screening in every round, nobody else ever
+        assert list(record["rejected"]) == [str(ATTACKER)], record["rejected"]
+        assert record["rejected"][str(ATTACKER)].startswith("screening:")
+        assert record["state-updated"] is True
+    # a reply rejected before aggregation is exactly a reply that never came: the bound on the
+    # distance to the run without the attacker's replies is 0, bit for bit
+    assert_same_tensors(final_state(folder), final_state(dropped))
+    assert records(folder)[-1]["accuracy"] == records(dropped)[-1]["accuracy"]
+    # the honest run itself never rejects anyone
+    assert all(not r["rejected"] for r in records(honest))
+
+
+def test_without_screening_the_attacks_do_poison_the_mean(reference_runs, tmp_path):
+    """The threat is real (the reason screening is on by default): the same huge attack with
+    screening off drives the state far away and the honest clients' next round to NaN."""
+    _, dropped = reference_runs
+    folder = run(tmp_path, **TWO_ROUNDS | {"fault-injection": f"huge={ATTACKER}",
+                                           "screen-updates": False})
+    second = records(folder)[1]
+    assert {"1", "2"} <= set(second["rejected"])  # honest clients, diverged
+    state, ref = final_state(folder), final_state(dropped)
+    assert max(float(np.abs(state[n].astype(np.float64) - ref[n]).max()) for n in ref) > 1e20
+
+
+@pytest.mark.parametrize("aggregator", ["median", "trimmed-mean", "clipped-mean", "dp"])
+def test_same_seed_same_run_with_each_aggregator(aggregator, tmp_path):
+    keys = ({"dp-noise-multiplier": 0.5, "dp-noise-seed": 11} if aggregator == "dp" else
+            {"aggregator": aggregator}) | TWO_ROUNDS
+    a, b = run(tmp_path / "a", **keys), run(tmp_path / "b", **keys)
+    assert_same_tensors(final_state(a), final_state(b))
+    if aggregator == "dp":
+        eps = [r["dp-epsilon"] for r in records(a)]
+        assert 0 < eps[0] < eps[1] and eps == [r["dp-epsilon"] for r in records(b)]

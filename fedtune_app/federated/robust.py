@@ -108,6 +108,14 @@ def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]], 
     return rejected
 
 
+def names_of(keys: dict[str, str]) -> dict[str, list[str]]:
+    """key -> the tensor names that share it."""
+    names: dict[str, list[str]] = {}
+    for name, key in keys.items():
+        names.setdefault(key, []).append(name)
+    return names
+
+
 def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
             keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """New state from ``updates`` with the run's aggregator (module docstring); tensors with the
@@ -117,11 +125,12 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict
         return (masked_weighted_mean(state, updates) if keys is None else
                 keyed_weighted_mean(state, updates, keys))
     keys = keys or {n: n for n in state}
+    names = names_of(keys)
     groups: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}  # key -> (value, sent, n)
     for u in sorted(updates, key=lambda u: u.client):
         for name, value in u.tensors.items():
             groups.setdefault(keys[name], []).append(
-                (value.astype(np.float64), state[name].astype(np.float64), u.num_examples))
+                (value.astype(np.float64), state[name], u.num_examples))
     new_state = dict(state)
     for key, held in groups.items():
         values = np.stack([v for v, _, _ in held])
@@ -136,7 +145,7 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict
                        for d, (_, s, _) in zip(deltas, held)]
             weights = np.array([n for _, _, n in held], dtype=np.float64)
             agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
-        for name in (n for n, k in keys.items() if k == key):
+        for name in names[key]:
             new_state[name] = agg.astype(state[name].dtype)
     return new_state
 
@@ -154,6 +163,7 @@ def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: d
     """DP-FedAvg over the masked tensors (module docstring). The noise of a round comes from
     (entropy, round) alone, so a resumed run draws exactly the noise of the uninterrupted one."""
     keys = keys or {n: n for n in state}
+    names = names_of(keys)
     clip = cfg["dp-clip-norm"]
     sums: dict[str, np.ndarray] = {}
     holders: dict[str, int] = {}
@@ -169,7 +179,7 @@ def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: d
     new_state = dict(state)
     for key in sorted(sums):
         noisy = (sums[key] + rng.normal(0.0, sigma, size=np.shape(sums[key]))) / holders[key]
-        for name in (n for n, k in keys.items() if k == key):
+        for name in names[key]:
             new_state[name] = (state[name] + noisy).astype(state[name].dtype)
     return new_state
 
