@@ -197,3 +197,12 @@ def test_same_seed_same_run_with_each_aggregator(aggregator, tmp_path):
     if aggregator == "dp":
         eps = [r["dp-epsilon"] for r in records(a)]
         assert 0 < eps[0] < eps[1] and eps == [r["dp-epsilon"] for r in records(b)]
+
+
+@pytest.mark.parametrize("method", ["inclusivefl", "depthfl", "all-small"])
+def test_every_method_screens_before_its_own_aggregation(method, tmp_path):
+    folder = run(tmp_path, method=method, aggregator="median",
+                 **TWO_ROUNDS | {"fault-injection": f"diverge={ATTACKER}"})
+    for record in records(folder):
+        assert list(record["rejected"]) == [str(ATTACKER)], record["rejected"]
+    assert all(np.isfinite(v).all() for v in final_state(folder).values())
