@@ -47,6 +47,8 @@ run: setup
 # one torch thread per test process: tiny models gain little from more, and on a machine whose
 # cores other jobs also use, OpenMP's busy threads slow runs down 20-80x
 test: setup
+	$(BIN)/ruff check --quiet .
+	$(BIN)/lint-imports --no-cache --no-logo
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 # The strategy-comparison notebooks, executed headless on a tiny preset (outputs not committed).

@@ -74,7 +74,8 @@ def main() -> None:
         res = results[job] = measure(job, args.steps, args.repeats)
         texts.append(table(
             f"Layer scaling, {res['model']} ({res['blocks']} blocks, batch {res['batch-size']}, "
-            f"{torch.get_num_threads()} threads): fixed stem+head cost {res['fixed-seconds']:.4f} s "
+            f"{torch.get_num_threads()} threads): fixed stem+head cost "
+            f"{res['fixed-seconds']:.4f} s "
             f"= {res['fixed-share']:.0%} of a full step; largest deviation from ideal "
             f"{res['max-deviation']:.0%}", res["rows"]))
     name = "layers" + (f"-{args.threads}thread" if args.threads else "")

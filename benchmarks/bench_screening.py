@@ -28,9 +28,9 @@ from fedtune_app.methods import resolve_config, strategy_class  # noqa: E402
 ROUNDS = 7
 
 
-def timed(fn) -> float:
+def timed(fn, *args) -> float:
     started = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - started
 
 
@@ -51,14 +51,14 @@ def bench(job: dict) -> dict:
         updates = [ClientUpdate(pid, {n: (v + rng.normal(0, 0.01, v.shape)).astype(v.dtype)
                                       for n, v in tensors.items()}, 100)
                    for pid, tensors in sent.items()]
-        steps["screening"].append(timed(lambda: screen(updates, sent, cfg)))
+        steps["screening"].append(timed(screen, updates, sent, cfg))
         for rule in ("mean", "median", "trimmed-mean", "clipped-mean"):
-            steps[rule].append(timed(lambda: combine(state, updates, cfg | {"aggregator": rule})))
-        seed = np.arange(4, dtype=np.uint32)
-        steps["dp (clip + noise)"].append(timed(lambda: dp_combine(
-            state, updates, cfg | {"dp-noise-multiplier": 1.0}, seed, r)))
+            steps[rule].append(timed(combine, state, updates, cfg | {"aggregator": rule}))
+        steps["dp (clip + noise)"].append(timed(
+            dp_combine, state, updates, cfg | {"dp-noise-multiplier": 1.0},
+            np.arange(4, dtype=np.uint32), r))
         new = combine(state, updates, cfg)
-        steps["state guard"].append(timed(lambda: state_problem(state, new, cfg)))
+        steps["state guard"].append(timed(state_problem, state, new, cfg))
     mean = statistics.median(steps["mean"])
     size = sum(v.size for v in state.values())
     return {"job": job["name"], "clients": len(clients), "trainable": size,

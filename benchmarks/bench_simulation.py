@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (DEFAULT_JOB, GPU_JOB, GPU_JOB_8, ROOT, SMOKE_JOB, flwr_run, plain_eval, plain_train,
-                    save, table)
+from common import (DEFAULT_JOB, GPU_JOB, GPU_JOB_8, ROOT, SMOKE_JOB, flwr_run, plain_eval,
+                    plain_train, save, table)
 
 import torch  # noqa: E402
 

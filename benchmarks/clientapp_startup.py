@@ -28,7 +28,7 @@ def child(preset: str) -> dict:
     t0 = time.perf_counter()
     import flwr.clientapp  # noqa: F401
     t1 = time.perf_counter()
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     import client_app  # noqa: F401

@@ -47,7 +47,8 @@ KEYS: dict[str, Key] = {
     "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),
     "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
     # trainable part
-    "adapter": Key("lora", "trainable module inserted in each block", choices=("lora", "bottleneck")),
+    "adapter": Key("lora", "trainable module inserted in each block",
+                   choices=("lora", "bottleneck")),
     "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, "
                            "or 'last-fc' (the block's last fully connected layer, FedRA default)"),
     "lora-r": Key(8, "LoRA rank / bottleneck width", minimum=1),
@@ -115,7 +116,8 @@ KEYS: dict[str, Key] = {
                             "per domain (per-domain), or levels drawn in 'capacity-ratio' "
                             "proportions over 'num-clients' clients (ratio)",
                             choices=("list", "per-domain", "ratio")),
-    "capacity-ratio": Key("", "ratio of clients per capacity level, e.g. '3:3:2:2' (profile ratio)"),
+    "capacity-ratio": Key("", "ratio of clients per capacity level, e.g. '3:3:2:2' "
+                          "(profile ratio)"),
     "num-clients": Key(0, "number of clients (0 = as many as the capacity profile lists)",
                        minimum=0),
     "dynamic-capacities": Key(False, "each round, each client's capacity ~ U[1, its capacity] "
@@ -159,8 +161,7 @@ KEYS: dict[str, Key] = {
     "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
     "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
                         "'depthfl-feddyn-alpha')", minimum=1e-6),
-    # robustness: update screening (every method), robust masked aggregation, client-level
-    # differential privacy, state guard (federated.robust)
+    # robustness: update screening, robust aggregators, client-level DP (federated.robust)
     "aggregator": Key("mean", "how each tensor is aggregated over the clients that held it: "
                       "example-weighted mean (FedRA Eq. 2), coordinate-wise median, trimmed "
                       "mean (trim-beta), or mean of updates clipped to their median norm",
@@ -289,12 +290,17 @@ def app_defaults() -> dict[str, Any]:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
+# key -> who registered it (e.g. 'method fedbrick'); the keys of ``KEYS`` above have none
+KEY_OWNERS: dict[str, str] = {}
+
+
 def register_keys(owner: str, keys: dict[str, Key]) -> None:
     """Add ``owner``'s run-config keys to the registry (a method's own keys)."""
     for key, spec in keys.items():
         if key in KEYS:
             raise ValueError(f"run-config key '{key}' of {owner} is already registered")
         KEYS[key] = spec
+        KEY_OWNERS[key] = owner
 
 
 # Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.federated.aggregation import ClientUpdate, keyed_weighted_mean, masked_weighted_mean
+from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
+                                               masked_weighted_mean)
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import Examples, client_examples, load_data, public_split
 from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss

@@ -17,8 +17,7 @@ from fedtune_app.methods import resolve_config
 from fedtune_app.data.groups import group_config
 from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.methods import recipe_for, strategy_class
-from fedtune_app.methods.heterotune import (FedAdapter, ShareBank, fuse_state, fused_inference,
-                                            position)
+from fedtune_app.methods.heterotune import (FedAdapter, ShareBank, fuse_state, position)
 from fedtune_app.federated.strategy import ClientInfo
 from test_model_groups import TWO_GROUPS
 

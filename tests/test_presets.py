@@ -3,7 +3,6 @@ the offline presets run one round end to end in-process (sizes overridden to kee
 
 import json
 import re
-import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +41,8 @@ def test_paper_scenarios_have_the_papers_numbers():
     caps = {p: client_capacities(resolve_config({"preset": p})) for p in PAPER}
     assert caps["fedra-t1-domainnet"] == [12, 10, 8, 6, 4, 3]
     assert caps["fedra-t2-nico"] == [12] * 5 + [10] * 5 + [8] * 5 + [6] * 5 + [4] * 5 + [3] * 5
-    assert caps["fedra-t3-nico-4"] == [4] * 6 and caps["fedra-t3-nico-mixed"] == [10, 10, 6, 6, 4, 4]
+    assert caps["fedra-t3-nico-4"] == [4] * 6
+    assert caps["fedra-t3-nico-mixed"] == [10, 10, 6, 6, 4, 4]
     assert caps["fedbrick-t1-nico"] == [12, 10, 8, 6, 5, 4]
     ratio = caps["heterotune-t1-cifar10"]
     assert len(ratio) == 100 and [ratio.count(v) for v in (3, 6, 9, 12)] == [30, 30, 20, 20]

@@ -40,7 +40,8 @@ def test_multi_domain_digits_styles_and_leak_free_split():
     assert torch.equal(rotated, torch.rot90(original, 1, dims=(2, 3)))
     assert (noisy - original).abs().mean() > 0.2 and noisy.abs().max() <= 1
     # low resolution: 4x4 blocks of equal pixels
-    assert torch.equal(lowres, lowres[..., ::4, ::4].repeat_interleave(4, -1).repeat_interleave(4, -2))
+    blocks = lowres[..., ::4, ::4].repeat_interleave(4, -1).repeat_interleave(4, -2)
+    assert torch.equal(lowres, blocks)
     assert not torch.equal(coloured[:, 0], coloured[:, 1])  # real colour, not grey
     assert torch.equal(original[:, 0], original[:, 2])
 
@@ -203,7 +204,8 @@ def test_synthetic_images_are_seeded_balanced_and_sized():
     # same class = same pattern: images of one class are closer to each other than to others
     x = a.inputs.flatten(1)
     same = [(x[i] - x[j]).norm() for i in range(50) for j in range(i) if a.labels[i] == a.labels[j]]
-    other = [(x[i] - x[j]).norm() for i in range(50) for j in range(i) if a.labels[i] != a.labels[j]]
+    other = [(x[i] - x[j]).norm() for i in range(50) for j in range(i)
+             if a.labels[i] != a.labels[j]]
     assert np.mean(same) < np.mean(other)
     splits = load_data(cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10))
     assert len(splits.train) == 40 and len(splits.test) == 10

@@ -69,7 +69,8 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
         num = node_config_int(node_config, "num-partitions")
     except KeyError as err:
         raise ConfigError(f"node config lacks {err}; start the SuperNode with --node-config "
-                          "'partition-id=<i> num-partitions=<n>' (and optionally capacity=<L_i>)")
+                          "'partition-id=<i> num-partitions=<n>' (and optionally "
+                          "capacity=<L_i>)") from None
     if not 0 <= pid < num:
         raise ConfigError(f"node config partition-id={pid} is outside 0..{num - 1}")
     if "capacity" in node_config:  # a deployed device declares its own
@@ -127,13 +128,15 @@ def handle_train(msg: Message, context: Context) -> Message:
     model, device = runtime(cfg, recipe)
     plan = tuple(int(j) for j in msg.content["config"]["layers"])
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
-        raise ValueError(f"plan {plan} is not an ascending set of blocks in 0..{model.num_blocks-1}")
+        raise ValueError(f"plan {plan} is not an ascending set of blocks in "
+                         f"0..{model.num_blocks - 1}")
     recipe.configure(dict(msg.content["config"]))
     params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
     received = from_record(msg.content["arrays"])
     if set(received) != set(loaded):
         raise ValueError(f"server sent {len(received)} tensors, the plan {plan} has "
-                         f"{len(loaded)} tensors to load: {sorted(set(received) ^ set(loaded))[:3]}")
+                         f"{len(loaded)} tensors to load: "
+                         f"{sorted(set(received) ^ set(loaded))[:3]}")
     with torch.no_grad():
         for name, value in received.items():
             loaded[name].copy_(torch.as_tensor(value))

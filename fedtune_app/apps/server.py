@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 

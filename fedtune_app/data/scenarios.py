@@ -8,7 +8,7 @@
 | + dynamic    | dynamic-capacities = true (with any of the above)        | each round ~ U[1, capacity_i], drawn by the strategy's seeded RNG |
 
 "All clients smaller than the server" is a list whose every entry is below the model's depth.
-"""
+"""  # noqa: E501  (the table's rows)
 
 from __future__ import annotations
 

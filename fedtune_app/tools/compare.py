@@ -44,7 +44,8 @@ def summarize(method: str, folder: Path) -> dict:
         groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
         average = last["accuracy"]
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in ("accuracy-smallest", "accuracy-largest")}
+              and isinstance(v, (int, float))
+              and k not in ("accuracy-smallest", "accuracy-largest")}
     return {"method": method, "round": last["round"], "groups": groups,
             "average": average, "accuracy": last["accuracy"],
             "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],

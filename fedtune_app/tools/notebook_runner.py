@@ -1,6 +1,7 @@
 """Execute the notebooks headless (nbclient + ipykernel), so they never rot.
 
-    python -m fedtune_app.tools.notebook_runner notebooks/*.ipynb --preset smoke --out results/notebooks
+    python -m fedtune_app.tools.notebook_runner notebooks/*.ipynb --preset smoke \
+        --out results/notebooks
 
 The notebooks read ``FEDTUNE_PRESET`` (run-config preset of every run they start) and
 ``FEDTUNE_RESULTS_DIR`` (where their runs, plots and tables go); this sets both, runs every

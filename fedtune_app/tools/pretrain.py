@@ -6,9 +6,9 @@ frozen backbone real, transferable features (Fashion-MNIST clothing -> digit sty
 federated methods can be compared offline. It is NOT ImageNet pretraining; results on it are not
 comparable with the papers' numbers.
 
-    python -m fedtune_app.tools.pretrain --family vit     # ~/.cache/fedtune/vit-fmnist16.safetensors
-    python -m fedtune_app.tools.pretrain --family vit64   # wider (dim 64) ViT for model-size groups
-    python -m fedtune_app.tools.pretrain --family mixer   # ~/.cache/fedtune/mixer-fmnist16.safetensors
+    python -m fedtune_app.tools.pretrain --family vit    # ~/.cache/fedtune/vit-fmnist16.safetensors
+    python -m fedtune_app.tools.pretrain --family vit64  # wider (dim 64) ViT for model-size groups
+    python -m fedtune_app.tools.pretrain --family mixer  # .../mixer-fmnist16.safetensors
 
 It trains the whole model on Fashion-MNIST (Debian dataset-fashion-mnist; the UCI digits when
 it is absent, say so with --dataset digits) resized to 16x16 and repeated to 3 channels, prints

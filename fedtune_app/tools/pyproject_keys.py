@@ -1,0 +1,120 @@
+"""pyproject.toml's ``[tool.flwr.app.config]``, generated from the run-config key registry.
+
+    python -m fedtune_app.tools.pyproject_keys --check   # exit 1 and show the diff when it drifted
+    python -m fedtune_app.tools.pyproject_keys --write   # rewrite the table in place
+
+Flower gives a run only the keys this table lists (``--run-config`` cannot add one), so every
+registered key must be in it: first the keys every run has (``config.KEYS``, under the section
+comments of their definition), then each owner's keys (a method's ``register_method(keys=...)``),
+owners in name order. A value that differs from the key's default belongs to the main job
+(``flwr run .``) and is kept, with the comment lines right above it; every other key is written
+with its default. (So a key whose default changes keeps its old pyproject value, now read as a
+main-job value: the tests pin the main job's keys to catch that.)
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from fedtune_app import config
+from fedtune_app.config import KEY_OWNERS, KEYS, ConfigError
+
+PYPROJECT = config.CONF_DIR.parent / "pyproject.toml"
+TABLE = "[tool.flwr.app.config]"
+
+
+def base_sections() -> dict[str, str]:
+    """Key of ``config.KEYS`` -> the comment heading its group in the definition of KEYS."""
+    source = Path(config.__file__).read_text().split("KEYS: dict[str, Key] = {\n", 1)[1]
+    sections, current = {}, ""
+    for line in source.split("\n}\n", 1)[0].splitlines():
+        if comment := re.fullmatch(r"\s+# (.+)", line):
+            current = comment.group(1)
+        elif key := re.match(r'\s+"([^"]+)": Key\(', line):
+            sections[key.group(1)] = current
+    return sections
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        mantissa, e, exponent = repr(value).partition("e")
+        return f"{mantissa}e{int(exponent)}" if e else mantissa  # 1e-05 -> 1e-5
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def value_comments(table: str) -> dict[str, list[str]]:
+    """Key -> the comment lines right above it in ``table`` (section headings excluded)."""
+    headings = {f"# {h}" for h in [*base_sections().values(), *KEY_OWNERS.values()]}
+    comments, pending = {}, []
+    for line in table.splitlines():
+        if line.startswith("#"):
+            pending = [] if line in headings else pending + [line]
+        elif key := re.match(r"([A-Za-z0-9_-]+)\s*=", line):
+            comments[key.group(1)], pending = pending, []
+    return comments
+
+
+def render_table(table: str) -> str:
+    """The table as generated from the registry, keeping ``table``'s main-job values."""
+    current = tomllib.loads(table.replace(TABLE, "", 1))
+    unknown = sorted(set(current) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"pyproject.toml {TABLE} has unknown run-config key(s) "
+                          f"{', '.join(unknown)}: remove them or register them")
+    sections, comments = base_sections(), value_comments(table)
+    base = [k for k in KEYS if k not in KEY_OWNERS]
+    owned = sorted((k for k in KEYS if k in KEY_OWNERS), key=lambda k: KEY_OWNERS[k])
+    lines, heading = [TABLE], ""
+    for key in base + owned:
+        section = KEY_OWNERS.get(key) or sections.get(key, heading)
+        if section != heading:
+            lines.append(f"# {section}")
+            heading = section
+        default = KEYS[key].default
+        main_job = key in current and current[key] != default
+        lines += comments.get(key, []) if main_job else []
+        lines.append(f"{key} = {toml_value(current[key] if main_job else default)}")
+    return "\n".join(lines) + "\n"
+
+
+def split_pyproject(text: str) -> tuple[str, str, str]:
+    """(before, the table, after) of pyproject.toml's text."""
+    start = text.index(TABLE + "\n")
+    end = re.search(r"^\[", text[start + len(TABLE):], re.MULTILINE)
+    stop = start + len(TABLE) + end.start() if end else len(text)
+    table = text[start:stop].rstrip("\n") + "\n"
+    return text[:start], table, text[start + len(table):]
+
+
+def main(argv: list[str]) -> int:
+    if argv not in (["--check"], ["--write"]):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    import fedtune_app.methods  # noqa: F401  (registers every method and its keys)
+
+    before, table, after = split_pyproject(PYPROJECT.read_text())
+    generated = render_table(table)
+    if argv == ["--write"]:
+        PYPROJECT.write_text(before + generated + after)
+        return 0
+    if generated != table:
+        sys.stdout.writelines(difflib.unified_diff(
+            table.splitlines(True), generated.splitlines(True), "pyproject.toml",
+            "generated from the key registry"))
+        print(f"{TABLE} drifted from the key registry: run "
+              "`python -m fedtune_app.tools.pyproject_keys --write`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
