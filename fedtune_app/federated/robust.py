@@ -92,10 +92,9 @@ def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]], 
                 rejected[u.client] = (f"screening: update of '{name}' has rms {size_rms:.3g} > "
                                       f"{growth:g} x max(rms of the global tensor {ref_rms:.3g}, "
                                       f"{floor:g})")
-            if size_rms > floor:
-                norms.setdefault(name, {})[u.client] = norm(delta)
-            else:
-                norms.setdefault(name, {})[u.client] = -norm(delta)  # below the floor: exempt
+            length = size_rms * np.sqrt(delta.size)  # ||Delta||
+            # below the floor: exempt from the peer rule (a negative mark), still a peer
+            norms.setdefault(name, {})[u.client] = length if size_rms > floor else -length
     if not peers:
         return rejected
     for name, by_client in sorted(norms.items()):
