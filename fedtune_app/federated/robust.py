@@ -197,15 +197,16 @@ def dp_epsilon(cfg: dict, rounds: int, sample_rate: float) -> float:
 
 
 def state_problem(old: dict[str, np.ndarray], new: dict[str, np.ndarray], cfg: dict,
-                  check_jump: bool = True) -> str | None:
-    """Why ``new`` must not replace ``old`` (module docstring), or None."""
+                  check_jump: bool = True, skip_jump: tuple[str, ...] = ()) -> str | None:
+    """Why ``new`` must not replace ``old`` (module docstring), or None; tensors named in
+    ``skip_jump`` need only be finite."""
     growth, floor = cfg["screen-max-growth"], cfg["screen-rms-floor"]
     for name in sorted(new):
         if new[name] is old.get(name):
             continue
         if not np.isfinite(new[name]).all():
             return f"'{name}' has NaN or Inf values"
-        if check_jump and name in old:
+        if check_jump and name in old and name not in skip_jump:
             jump, ref = rms(new[name].astype(np.float64) - old[name]), rms(old[name])
             if jump > growth * max(ref, floor):
                 return (f"'{name}' moved by rms {jump:.3g} > {growth:g} x max(rms before "

@@ -68,6 +68,9 @@ class LayerPlanStrategy(Strategy):
     # its aggregation reads the clients' updates only through ``combine`` (client-level DP
     # protects nothing if a server step reads them in the clear: FedMD, FedDF, FedBRICK, ...)
     private_aggregation = True
+    # tensors that are no parameters (FedMD's consensus scores): screening and the state guard's
+    # jump bound skip them (they must still be finite)
+    unscreened: tuple[str, ...] = ()
 
     def __init__(self, cfg: dict, clients: list[ClientInfo], num_layers: int,
                  initial_state: dict[str, np.ndarray]):
@@ -243,7 +246,10 @@ class LayerPlanStrategy(Strategy):
                     if c.node_id in self._sent}
             # under DP only the bound against the global tensor: the peer rule would let one
             # client's data decide another's fate (module docstring of robust)
-            for client, why in screen(updates, sent, self.cfg, peers=not self.dp).items():
+            judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
+                                              if n not in self.unscreened}, u.num_examples)
+                      for u in updates]
+            for client, why in screen(judged, sent, self.cfg, peers=not self.dp).items():
                 entry.rejected[int(client)] = why
                 log.warning("round %d: rejected client %s: %s", server_round, client, why)
             updates = [u for u in updates if int(u.client) not in entry.rejected]
@@ -254,7 +260,8 @@ class LayerPlanStrategy(Strategy):
             new_state = self.aggregate(updates)
             # the jump bound belongs to screening (off with it); a non-finite state never passes
             problem = state_problem(self.state, new_state, self.cfg,
-                                    check_jump=self.cfg["screen-updates"] and not self.dp)
+                                    check_jump=self.cfg["screen-updates"] and not self.dp,
+                                    skip_jump=self.unscreened)
             if problem:
                 entry.state_updated = False
                 entry.method_metrics["state-kept"] = problem

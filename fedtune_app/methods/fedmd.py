@@ -69,6 +69,7 @@ class FedMDRecipe(ClientRecipe):
 
 class FedMD(GroupStrategy):
     name = "fedmd"
+    unscreened = (CONSENSUS,)  # scores on the public set replace the last ones: no update
     private_aggregation = False  # the consensus averages every client's scores in the clear
 
     def __init__(self, cfg, clients, num_layers, initial_state):
