@@ -67,6 +67,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_layers.py --threads 1
 	$(BIN)/python benchmarks/bench_simulation.py
 	$(BIN)/python benchmarks/bench_memory.py
+	$(BIN)/python benchmarks/bench_screening.py
 
 # `flwr run` leaves a detached local SuperLink (and its simulation) running: stop ours.
 stop:

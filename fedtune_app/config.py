@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-mean")  # federated.robust
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ KEYS: dict[str, Key] = {
     "resume": Key("", "results folder (or its checkpoint.safetensors) of a stopped run to "
                   "continue; the other keys must match that run's"),
     "fault-injection": Key("", "TESTS ONLY: clients that misbehave on purpose, e.g. "
-                           "'raise=1,nan=2' (fault=partition-id; faults: raise, nan)"),
+                           "'raise=1,nan=2' (fault=partition-id; faults: raise, nan, huge, "
+                           "flip, noise, diverge)"),
     # deployment (devices fetch the frozen checkpoint once) and mixed precision
     "checkpoint-url": Key("", "where a node without the frozen checkpoint fetches it once "
                           "(https://, http:// or file://; a .tar/.tgz/.zip holds a Hugging Face "
@@ -179,6 +182,33 @@ KEYS: dict[str, Key] = {
     "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
     "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
                         "'depthfl-feddyn-alpha')", minimum=1e-6),
+    # robustness: update screening, robust aggregators, client-level DP (federated.robust)
+    "aggregator": Key("mean", "how each tensor is aggregated over the clients that held it: "
+                      "example-weighted mean (FedRA Eq. 2), coordinate-wise median, trimmed "
+                      "mean (trim-beta), or mean of updates clipped to their median norm",
+                      choices=AGGREGATORS),
+    "trim-beta": Key(0.2, "fraction cut from each tail by aggregator = trimmed-mean (Flower's "
+                     "FedTrimmedAvg default)", minimum=0, maximum=0.49),
+    "screen-updates": Key(True, "reject a reply whose update is far outside its peers' or far "
+                          "too large for the global tensor (every method)"),
+    "screen-peer-ratio": Key(10.0, "screening: reject an update norm above this many times the "
+                             "median norm of the tensor's holders (with >= 3 holders)",
+                             minimum=1),
+    "screen-max-growth": Key(5.0, "screening and state guard: reject an update (and keep the "
+                             "previous state on a change) whose rms exceeds this many times "
+                             "max(rms of the global tensor, screen-rms-floor)", minimum=1),
+    "screen-rms-floor": Key(0.1, "screening: rms below which an update is never rejected, and "
+                            "the smallest tensor rms the growth bound is relative to",
+                            minimum=1e-12),
+    "dp-noise-multiplier": Key(0.0, "client-level DP: Gaussian noise std / dp-clip-norm added "
+                               "to each aggregated tensor (0 = no DP)", minimum=0),
+    "dp-clip-norm": Key(1.0, "client-level DP: L2 bound of each client's whole update",
+                        minimum=1e-12),
+    "dp-delta": Key(1e-5, "client-level DP: delta of the reported (epsilon, delta)",
+                    minimum=1e-12, maximum=0.5),
+    "dp-noise-seed": Key(0, "client-level DP: seed of the noise (0 = fresh OS entropy, kept in "
+                         "the checkpoint; any other value makes the noise reproducible and "
+                         "therefore NOT private: tests only)", minimum=0),
 }
 
 
@@ -255,7 +285,8 @@ def parse_int_list(key: str, text: str) -> list[int]:
     return values
 
 
-FAULTS = ("raise", "nan")  # fault-injection kinds (apps.faults), tests only
+# fault-injection kinds (apps.faults), tests only
+FAULTS = ("raise", "nan", "huge", "flip", "noise", "diverge")
 
 
 def parse_faults(text: str) -> dict[int, str]:
@@ -344,7 +375,22 @@ def check_quorum(config: dict[str, Any]) -> None:
                           "the global state")
 
 
+def check_dp(config: dict) -> None:
+    """DP needs an aggregation whose only input is the clipped updates."""
+    if config["dp-noise-multiplier"] <= 0:
+        return
+    if config["aggregator"] != "mean":
+        raise ConfigError(f"run-config key 'aggregator' = {config['aggregator']!r} with key "
+                          "'dp-noise-multiplier' > 0: DP aggregates the clipped updates with "
+                          "its own noisy mean; use aggregator = mean")
+    if config["local-objective"] == "feddyn":
+        raise ConfigError("run-config key 'local-objective' = 'feddyn' with key "
+                          "'dp-noise-multiplier' > 0: FedDyn's server step reads every "
+                          "client's update in the clear")
+
+
 register_check(check_quorum)
+register_check(check_dp)
 register_check(lambda config: parse_faults(config["fault-injection"]))
 
 

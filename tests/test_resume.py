@@ -65,3 +65,29 @@ def test_resume_refuses_another_run_or_a_broken_checkpoint(runs, tmp_path):
     (broken / FILE).write_bytes(data[: len(data) // 2])  # truncated, e.g. a full disk
     with pytest.raises(ConfigError, match="'resume'.*not a readable fedtune checkpoint"):
         run(tmp_path, resume=str(broken), **KEYS)
+
+
+@pytest.mark.parametrize("keys", [{"aggregator": "median"}, {"aggregator": "trimmed-mean"},
+                                  {"aggregator": "clipped-mean"},
+                                  {"dp-noise-multiplier": 0.5, "dp-noise-seed": 11}],
+                         ids=["median", "trimmed-mean", "clipped-mean", "dp"])
+def test_resume_is_bit_exact_with_each_aggregator(keys, tmp_path):
+    whole = run(tmp_path / "whole", **KEYS | keys)
+    with pytest.raises(ServerKilled):
+        run(tmp_path / "stopped", grid_class=GridKilledInRound3, **KEYS | keys)
+    [stopped] = (tmp_path / "stopped").iterdir()
+    resumed = run(tmp_path / "resumed", resume=str(stopped), **KEYS | keys)
+    assert_same_tensors(final_state(resumed), final_state(whole))
+
+
+def test_dp_noise_seed_from_the_os_survives_a_resume(tmp_path):
+    """Fresh entropy (the private default) is drawn once and carried by the checkpoint."""
+    from safetensors.numpy import load_file
+
+    keys = KEYS | {"dp-noise-multiplier": 0.5}
+    with pytest.raises(ServerKilled):
+        run(tmp_path / "stopped", grid_class=GridKilledInRound3, **keys)
+    [stopped] = (tmp_path / "stopped").iterdir()
+    seed = load_file(str(stopped / FILE))["extra/dp-noise-seed"]
+    resumed = run(tmp_path / "resumed", resume=str(stopped), **keys)
+    assert load_file(str(resumed / FILE))["extra/dp-noise-seed"].tobytes() == seed.tobytes()

@@ -171,7 +171,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     recipe.end(params, context)
     objective.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
-                             | recipe.reply())
+                             | recipe.reply(), received, round_)
     metrics = MetricRecord({"num-examples": num_examples, "train-loss": loss,
                             "fit-seconds": fit_seconds,
                             "train-seconds": time.perf_counter() - started,

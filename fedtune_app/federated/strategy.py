@@ -2,8 +2,10 @@
 
 Each round: sample clients (seeded, by partition id), ask the method for their layer plans,
 send each client its plan and ONLY the trainable tensors of its planned blocks plus the head,
-check every reply, and aggregate with the masked, example-weighted mean. A method is a subclass
-that overrides ``plan_round`` (and, if it needs to, ``eval_plan`` or ``aggregate``).
+check every reply, screen the sound ones' updates (``robust.screen``), and aggregate the rest
+with the run's masked aggregator (``combine``; default the example-weighted mean); a new state
+that is not finite or jumps too far is not taken (``robust.state_problem``). A method is a
+subclass that overrides ``plan_round`` (and, if it needs to, ``eval_plan`` or ``aggregate``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedtune_app.model.adapters import names_for_plan
-from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
+from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
 from fedtune_app.federated.objectives import feddyn_server_step, objective_of
 from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
+                                          screen, state_problem)
 
 log = logging.getLogger("fedtune")
 
@@ -54,13 +58,20 @@ class RoundLog:
     train_loss: float = float("nan")
     started: float = field(default_factory=time.time)
     client_metrics: dict[int, dict] = field(default_factory=dict)  # partition id -> reply metrics
-    method_metrics: dict = field(default_factory=dict)  # a method's own (FedBRICK's overheads)
+    # a method's own (FedBRICK's overheads), the DP budget spent, why the state was kept
+    method_metrics: dict = field(default_factory=dict)
 
 
 class LayerPlanStrategy(Strategy):
     """Base of FedRA, AllLarge, AllSmall (and the depth baselines later)."""
 
     name = "layer-plan"
+    # its aggregation reads the clients' updates only through ``combine`` (client-level DP
+    # protects nothing if a server step reads them in the clear: FedMD, FedDF, FedBRICK, ...)
+    private_aggregation = True
+    # tensors that are no parameters (FedMD's consensus scores): screening and the state guard's
+    # jump bound skip them (they must still be finite)
+    unscreened: tuple[str, ...] = ()
 
     def __init__(self, cfg: dict, clients: list[ClientInfo], num_layers: int,
                  initial_state: dict[str, np.ndarray]):
@@ -77,6 +88,8 @@ class LayerPlanStrategy(Strategy):
         self.model, self.recipe = None, None  # the server's model(s) and recipe (``attach``)
         self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
         self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
+        self.dp = cfg["dp-noise-multiplier"] > 0
+        self.dp_entropy = dp_noise_entropy(cfg) if self.dp else None  # the DP noise's seed
 
     # -- what a method decides ------------------------------------------------------------
     def plan_round(self, server_round: int, clients: list[ClientInfo]) -> list[Plan]:
@@ -87,7 +100,17 @@ class LayerPlanStrategy(Strategy):
         return tuple(range(self.num_layers))
 
     def aggregate(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
-        return self.server_objective(updates, masked_weighted_mean(self.state, updates))
+        return self.server_objective(updates, self.combine(updates))
+
+    def combine(self, updates: list[ClientUpdate],
+                keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+        """The new state by the run's masked aggregator (key 'aggregator'), or DP-FedAvg with
+        client-level DP; tensors with the same key share one value (``keys``: name -> key).
+        Every method aggregates its clients' tensors through this."""
+        if self.dp:
+            return dp_combine(self.state, updates, self.cfg, self.dp_entropy,
+                              self.history[-1].round, keys)
+        return combine(self.state, updates, self.cfg, keys)
 
     def server_objective(self, updates: list[ClientUpdate],
                          mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -134,13 +157,16 @@ class LayerPlanStrategy(Strategy):
     def extra_state(self) -> dict[str, np.ndarray]:
         """Server-side tensors a method keeps besides ``state`` (e.g. a momentum buffer): they
         go into the checkpoint so that a resumed run continues exactly. A method with its own
-        extends this one's (FedDyn's h)."""
-        return {f"feddyn-h/{n}": v for n, v in self.h.items()}
+        extends this one's (FedDyn's h; the DP noise seed)."""
+        dp = {} if self.dp_entropy is None else {"dp-noise-seed": self.dp_entropy}
+        return {f"feddyn-h/{n}": v for n, v in self.h.items()} | dp
 
     def load_extra_state(self, tensors: dict[str, np.ndarray]) -> None:
         """Inverse of ``extra_state`` (resume)."""
         self.h = {k.removeprefix("feddyn-h/"): v for k, v in tensors.items()
                   if k.startswith("feddyn-h/")}
+        if self.dp:
+            self.dp_entropy = tensors["dp-noise-seed"]
 
     def round_clients(self, clients: list[ClientInfo]) -> list[ClientInfo]:
         """Dynamic heterogeneity: this round's capacities ~ U[1, L_i] from the seeded RNG, for
@@ -203,12 +229,13 @@ class LayerPlanStrategy(Strategy):
         return messages
 
     def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord, MetricRecord]:
-        """Check every reply, aggregate the sound ones. A rejected reply never reaches the state;
-        with fewer than ``min-valid-replies`` sound replies the round keeps the previous state."""
+        """Check every reply, screen the sound ones' updates, aggregate those that pass. A
+        rejected reply never reaches the state; with fewer than ``min-valid-replies`` of them,
+        or a new state that is not finite or jumps too far, the round keeps the previous state."""
         server_round += self.round_offset
         entry = self.history[-1]
         by_node = {c.node_id: c for c in self.clients}
-        updates, losses, answered = [], [], set()
+        updates, losses, answered = [], {}, set()
         for reply in replies:
             node = reply.metadata.src_node_id
             client = by_node.get(node)
@@ -230,18 +257,44 @@ class LayerPlanStrategy(Strategy):
             entry.bytes_up += reply.content["arrays"].count_bytes()
             entry.client_metrics[client.partition_id] = dict(reply.content["metrics"])
             updates.append(update)
-            losses.append((loss, update.num_examples))
+            losses[update.client] = loss
         for pid in entry.plans:
             if pid not in answered:
                 entry.rejected[pid] = "no reply (failed, timed out or dropped)"
                 log.warning("round %d: no reply from client %d", server_round, pid)
-        if losses:
-            entry.train_loss = float(np.average([l for l, _ in losses],
-                                                weights=[n for _, n in losses]))
+        if self.cfg["screen-updates"]:
+            sent = {str(c.partition_id): self._sent[c.node_id] for c in self.clients
+                    if c.node_id in self._sent}
+            # under DP only the bound against the global tensor: the peer rule would let one
+            # client's data decide another's fate (module docstring of robust)
+            judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
+                                              if n not in self.unscreened}, u.num_examples)
+                      for u in updates]
+            for client, why in screen(judged, sent, self.cfg, peers=not self.dp).items():
+                entry.rejected[int(client)] = why
+                log.warning("round %d: rejected client %s: %s", server_round, client, why)
+            updates = [u for u in updates if int(u.client) not in entry.rejected]
+        if updates:
+            entry.train_loss = float(np.average([losses[u.client] for u in updates],
+                                                weights=[u.num_examples for u in updates]))
         if self.cfg["fedra-repo-unweighted"]:  # every mean counts each client once
             updates = [replace(u, num_examples=1) for u in updates]
         if len(updates) >= self.cfg["min-valid-replies"]:
-            self.state = self.aggregate(updates)
+            new_state = self.aggregate(updates)
+            # the jump bound belongs to screening (off with it); a non-finite state never passes
+            problem = state_problem(self.state, new_state, self.cfg,
+                                    check_jump=self.cfg["screen-updates"] and not self.dp,
+                                    skip_jump=self.unscreened)
+            if problem:
+                entry.state_updated = False
+                entry.method_metrics["state-kept"] = problem
+                log.warning("round %d: the new global state is not taken, %s; the previous "
+                            "state is kept", server_round, problem)
+            else:
+                self.state = new_state
+            if self.dp:
+                entry.method_metrics["dp-epsilon"] = dp_epsilon(
+                    self.cfg, server_round, len(entry.plans) / len(self.clients))
         else:
             entry.state_updated = False
             log.warning("round %d: %d valid replies < min-valid-replies = %d; the global state "

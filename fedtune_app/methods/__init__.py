@@ -7,7 +7,7 @@ method(s) with ``registry.register_method``: a new method is one new file here.
 import importlib
 import pkgutil
 
-from fedtune_app.config import resolve
+from fedtune_app.config import ConfigError, resolve
 from fedtune_app.data.groups import check_groups, num_groups
 from fedtune_app.methods.registry import METHODS, Method, method_of, register_method
 from fedtune_app.training.recipes import ClientRecipe
@@ -29,6 +29,13 @@ def resolve_config(run_config: dict) -> dict:
                  [m.name for m in METHODS.values() if m.group_strategy])
     if method.check is not None:
         method.check(cfg)
+    if cfg["dp-noise-multiplier"] > 0 and not strategy_class(cfg).private_aggregation:
+        raise ConfigError(f"run-config key 'dp-noise-multiplier' > 0 with method "
+                          f"{cfg['method']!r}: its server step reads the clients' updates in the "
+                          "clear, so client-level DP would protect nothing; methods with DP: "
+                          + ", ".join(sorted(m.name for m in METHODS.values() if any(
+                              c is not None and c.private_aggregation
+                              for c in (m.strategy, m.group_strategy)))))
     return cfg
 
 

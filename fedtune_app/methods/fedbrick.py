@@ -74,7 +74,6 @@ import torch
 from torch import nn
 
 from fedtune_app.model.adapters import block_of, load_state, names_for_plan
-from fedtune_app.federated.aggregation import masked_weighted_mean
 from fedtune_app.config import ConfigError, register_check
 from fedtune_app.data.splits import HOLDOUTS, domain_list, load_data, proxy_indices
 from fedtune_app.training.recipes import ClientRecipe
@@ -260,6 +259,7 @@ class FedBRICKRecipe(ClientRecipe):
 
 class FedBRICK(FedRA):
     name = "fedbrick"
+    private_aggregation = False  # its server distillation reads the aggregate's inputs (proxy data)
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
@@ -319,7 +319,7 @@ class FedBRICK(FedRA):
 
     # -- aggregation: masked mean (step 5) ------------------------------------------------
     def aggregate(self, updates):
-        new = masked_weighted_mean(self.state, updates)
+        new = self.combine(updates)
         self.history[-1].method_metrics["brick-bytes-up"] = int(sum(
             v.nbytes for u in updates for n, v in u.tensors.items() if n.startswith("bricks.")))
         return self.server_objective(updates, new)

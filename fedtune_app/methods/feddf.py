@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedtune_app.federated.aggregation import masked_weighted_mean
 from fedtune_app.training.distill import distill, kd_loss, scores_on
 from fedtune_app.training.local import pick_device
 from fedtune_app.methods.fedmd import public_set
@@ -38,6 +37,7 @@ from fedtune_app.methods.registry import register_method
 
 class FedDF(GroupStrategy):
     name = "feddf"
+    private_aggregation = False  # its ensemble runs every client's model in the clear
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
@@ -48,7 +48,7 @@ class FedDF(GroupStrategy):
         return self.model.groups[g], self.recipe.recipes[g], tuple(range(self.depths[g]))
 
     def aggregate(self, updates):
-        mean = self.server_objective(updates, masked_weighted_mean(self.state, updates))
+        mean = self.server_objective(updates, self.combine(updates))
         group_of = {str(c.partition_id): c.model_group for c in self.clients}
         logits = []
         for u in sorted(updates, key=lambda u: u.client):  # step 3: every client model

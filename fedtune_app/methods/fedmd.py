@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.data.splits import load_data, num_classes_of, public_split
 from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
 from fedtune_app.training.recipes import ClientRecipe
@@ -69,6 +69,8 @@ class FedMDRecipe(ClientRecipe):
 
 class FedMD(GroupStrategy):
     name = "fedmd"
+    unscreened = (CONSENSUS,)  # scores on the public set replace the last ones: no update
+    private_aggregation = False  # the consensus averages every client's scores in the clear
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
@@ -86,7 +88,7 @@ class FedMD(GroupStrategy):
     def aggregate(self, updates):
         params = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items() if n != CONSENSUS},
                                u.num_examples) for u in updates]
-        new = self.server_objective(params, masked_weighted_mean(self.state, params))
+        new = self.server_objective(params, self.combine(params))
         new[CONSENSUS] = consensus([u.tensors[CONSENSUS] for u in updates])
         return new
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from fedtune_app.model.adapters import block_of
-from fedtune_app.federated.aggregation import keyed_weighted_mean
 from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.methods.registry import register_method
 
@@ -88,7 +87,7 @@ class FlexiFed(GroupStrategy):
         self.keys = common_keys(self.state)
 
     def aggregate(self, updates):
-        return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))
+        return self.server_objective(updates, self.combine(updates, self.keys))
 
 
 register_method("flexifed", group_strategy=FlexiFed)

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from fedtune_app.model.adapters import resolve_modules, trainable_parameters
-from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.model.backbones import build_backbone
 from fedtune_app.data.groups import group_depths, num_groups, prefix
 from fedtune_app.training.recipes import ClientRecipe
@@ -253,7 +253,7 @@ class HeteroTune(GroupStrategy):
         # with the value the client received (this round's state), as if it had been sent back
         full = [ClientUpdate(u.client, {n: self.state[n] for n in self.shared} | u.tensors,
                              u.num_examples) for u in updates]
-        return masked_weighted_mean(self.state, full)
+        return self.combine(full)
 
     def export_state(self):
         return fuse_state(self.state, self.depths, share_positions(self.cfg))

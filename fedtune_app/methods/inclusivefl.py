@@ -52,8 +52,19 @@ def suffix(name: str) -> str:
     return name.split(".", 2)[2]
 
 
-def group_updates(state, updates: list[ClientUpdate], depth_of: dict[str, int]):
-    """Per group depth: (example-weighted mean update per tensor name, total examples)."""
+def group_updates(state, updates: list[ClientUpdate], depth_of: dict[str, int], combine=None):
+    """Per group depth: (example-weighted mean update per tensor name, total examples).
+    ``combine`` (the strategy's robust aggregator, when the run has one) replaces the mean."""
+    if combine is not None:
+        members: dict[int, list[ClientUpdate]] = {}
+        for u in updates:
+            members.setdefault(depth_of[u.client], []).append(u)
+        deltas = {}
+        for g, group in members.items():
+            new = combine(group)
+            deltas[g] = {n: new[n].astype(np.float64) - state[n]
+                         for n in sorted({n for u in group for n in u.tensors})}
+        return deltas, {g: sum(u.num_examples for u in group) for g, group in members.items()}
     sums: dict[int, dict[str, np.ndarray]] = {}
     counts: dict[int, int] = {}
     for u in updates:
@@ -81,6 +92,7 @@ def distill(group_delta: dict[int, dict[str, np.ndarray]], momentum: dict[int, d
 
 class InclusiveFL(LayerPlanStrategy):
     name = "inclusivefl"
+    private_aggregation = False  # its momentum distillation stores each group's mean update
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
@@ -94,7 +106,8 @@ class InclusiveFL(LayerPlanStrategy):
     def aggregate(self, updates):
         plans = self.history[-1].plans
         depth_of = {u.client: len(plans[int(u.client)]) for u in updates}
-        deltas, counts = group_updates(self.state, updates, depth_of)
+        robust = self.combine if self.cfg["aggregator"] != "mean" else None
+        deltas, counts = group_updates(self.state, updates, depth_of, robust)
         depths = sorted({len(p) for p in plans.values()}) if self.cfg["dynamic-capacities"] \
             else self.depths
         distill(deltas, self.momentum, depths, self.beta)

@@ -33,7 +33,6 @@ import numpy as np
 from torch import nn
 
 from fedtune_app.model.adapters import block_of, is_trainable_name, resolve_modules
-from fedtune_app.federated.aggregation import keyed_weighted_mean
 from fedtune_app.model.backbones import build_backbone
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
@@ -137,7 +136,7 @@ class PFedLoRA(GroupStrategy):
         self.keys = pfedlora_keys(self.state, self.depths)
 
     def aggregate(self, updates):
-        return self.server_objective(updates, keyed_weighted_mean(self.state, updates, self.keys))
+        return self.server_objective(updates, self.combine(updates, self.keys))
 
 
 register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe)

@@ -1,0 +1,215 @@
+"""One hostile device must never ruin the global model: update screening, robust masked
+aggregators, client-level differential privacy, and the guard on the new state.
+
+Every rule works per tensor name over the clients that held that tensor this round (the mask
+every layer-plan method shares) and on a client's *update*: the tensor it sent back minus the
+tensor the server sent it.
+
+Screening (on by default, every method, before its aggregation). A reply is rejected as a whole
+when, for any of its tensors t, its update Delta_t is
+
+  * far above its peers': ||Delta_t|| > screen-peer-ratio x the median of ||Delta_t|| over the
+    holders of t, with at least 3 holders (the median of 1 or 2 norms is no robust statistic:
+    an attacker would be half or all of it) and rms(Delta_t) > screen-rms-floor (an update
+    that hardly moves the weights is harmless, however it compares to peers that moved even
+    less). The median of the peers' update norms as the yardstick of an acceptable update is
+    FLAME's (Nguyen et al., USENIX Security 2022, Sec. 4.2 "adaptive clipping"); rejecting
+    instead of clipping is the norm bounding of Sun et al., "Can You Really Backdoor Federated
+    Learning?" (arXiv:1911.07963, 2019) with a bound that follows the round.
+  * far too large for the tensor itself, whatever the number of holders:
+    rms(Delta_t) > screen-max-growth x max(rms(w_t), screen-rms-floor), w_t the tensor the
+    server sent (a freshly initialised LoRA B is all zeros, hence the floor). This is the
+    bound for tensors with one or two holders.
+
+Aggregators (key ``aggregator``), per tensor over its holders; with one holder every rule gives
+that holder's tensor (the fallback: screening has already bounded it against the global
+tensor), with two the median and the trimmed mean are the plain mean of the two:
+
+  mean           example-weighted mean, FedRA Eq. 2 (``aggregation.masked_weighted_mean``)
+  median         coordinate-wise median, unweighted, as Flower's FedMedian (Yin et al. 2018)
+  trimmed-mean   coordinate-wise mean after cutting the ``trim-beta`` fraction of each tail,
+                 unweighted, with Flower's own ``trim_mean`` (FedTrimmedAvg; Yin et al. 2018);
+                 int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
+  clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
+                 adaptive bound), then the example-weighted mean
+
+Client-level DP (``dp-noise-multiplier`` > 0; DP-FedAvg, McMahan et al., ICLR 2018): each
+client's whole update (all tensors it sent, as one vector) is clipped to L2 norm
+``dp-clip-norm`` C; per tensor, the clipped updates of its holders are summed, Gaussian noise
+N(0, (sigma C)^2) is added to every coordinate on the server, and the sum is divided by the
+number of holders (unweighted: example counts are the clients' own, unbounded claims). One
+client's data changes the released noisy sums by at most C in L2 over all tensors together,
+whichever and however many layers it holds, so every client gets the same (epsilon, delta)
+guarantee, which Opacus' RDP accountant reports per round. Protected: the content of each
+client's update (hence its training data) on every tensor it held. NOT protected: which layers
+a client held (its capacity and plan, decided by the server from what the client declared at
+start), its example count and training loss (reported to the server in the clear and logged),
+and whether it replied. The server is trusted (central DP). A tensor with few holders carries
+the same noise over fewer clients: its average is noisier (deep layers held only by large
+clients). Under DP the peer-ratio screening rule is off (it lets one client's data decide
+another's rejection, so the sensitivity would no longer be C); the rule against the global
+tensor, which depends on public values only, stays.
+
+State guard: a new state with a non-finite value, or a tensor whose change exceeds the
+screening bound against the global tensor (``screen-max-growth``), is not taken: the round
+keeps the previous state and says why.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+
+from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
+                                              masked_weighted_mean)
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if x.size else 0.0
+
+
+def norm(x: np.ndarray) -> float:
+    return float(np.linalg.norm(x.astype(np.float64).ravel()))
+
+
+def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]], cfg: dict,
+           peers: bool = True) -> dict[str, str]:
+    """Client id -> why its update is rejected (module docstring), for the clients rejected.
+    ``sent``: client id -> the tensors the server sent it."""
+    ratio, growth, floor = (cfg["screen-peer-ratio"], cfg["screen-max-growth"],
+                            cfg["screen-rms-floor"])
+    norms: dict[str, dict[str, float]] = {}  # tensor name -> client -> ||Delta||
+    rejected: dict[str, str] = {}
+    for u in sorted(updates, key=lambda u: u.client):
+        for name, value in sorted(u.tensors.items()):
+            ref = sent[u.client][name]
+            delta = value.astype(np.float64) - ref
+            size_rms, ref_rms = rms(delta), rms(ref)
+            bound = growth * max(ref_rms, floor)
+            if size_rms > bound and u.client not in rejected:
+                rejected[u.client] = (f"screening: update of '{name}' has rms {size_rms:.3g} > "
+                                      f"{growth:g} x max(rms of the global tensor {ref_rms:.3g}, "
+                                      f"{floor:g})")
+            length = size_rms * np.sqrt(delta.size)  # ||Delta||
+            # below the floor: exempt from the peer rule (a negative mark), still a peer
+            norms.setdefault(name, {})[u.client] = length if size_rms > floor else -length
+    if not peers:
+        return rejected
+    for name, by_client in sorted(norms.items()):
+        if len(by_client) < 3:
+            continue
+        median = float(np.median(np.abs(list(by_client.values()))))
+        for client, n in sorted(by_client.items()):
+            if n > ratio * median and client not in rejected:
+                rejected[client] = (f"screening: update norm of '{name}' {n:.3g} > {ratio:g} x "
+                                    f"the median {median:.3g} of its {len(by_client)} holders")
+    return rejected
+
+
+def names_of(keys: dict[str, str]) -> dict[str, list[str]]:
+    """key -> the tensor names that share it."""
+    names: dict[str, list[str]] = {}
+    for name, key in keys.items():
+        names.setdefault(key, []).append(name)
+    return names
+
+
+def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
+            keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """New state from ``updates`` with the run's aggregator (module docstring); tensors with the
+    same key (``keys``: name -> key, default each name its own) share one value."""
+    rule = cfg["aggregator"]
+    if rule == "mean":
+        return (masked_weighted_mean(state, updates) if keys is None else
+                keyed_weighted_mean(state, updates, keys))
+    keys = keys or {n: n for n in state}
+    names = names_of(keys)
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}  # key -> (value, sent, n)
+    for u in sorted(updates, key=lambda u: u.client):
+        for name, value in u.tensors.items():
+            groups.setdefault(keys[name], []).append(
+                (value.astype(np.float64), state[name], u.num_examples))
+    new_state = dict(state)
+    for key, held in groups.items():
+        values = np.stack([v for v, _, _ in held])
+        if rule == "median":
+            agg = np.median(values, axis=0)
+        elif rule == "trimmed-mean":
+            agg = trim_mean(values, cfg["trim-beta"])
+        else:  # clipped-mean
+            deltas = [v - s for v, s, _ in held]
+            bound = float(np.median([norm(d) for d in deltas]))
+            clipped = [s + d * min(1.0, bound / max(norm(d), 1e-300))
+                       for d, (_, s, _) in zip(deltas, held)]
+            weights = np.array([n for _, _, n in held], dtype=np.float64)
+            agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
+        for name in names[key]:
+            new_state[name] = agg.astype(state[name].dtype)
+    return new_state
+
+
+def dp_noise_entropy(cfg: dict) -> np.ndarray:
+    """The DP noise seed: ``dp-noise-seed``, or 128 fresh bits from the OS (the noise must be
+    unknown to anyone who knows the run config), as uint32 words for the checkpoint."""
+    seed = cfg["dp-noise-seed"] or secrets.randbits(128)
+    return np.array([(seed >> (32 * i)) & 0xFFFFFFFF for i in range(4)], dtype=np.uint32)
+
+
+def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
+               entropy: np.ndarray, server_round: int,
+               keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """DP-FedAvg over the masked tensors (module docstring). The noise of a round comes from
+    (entropy, round) alone, so a resumed run draws exactly the noise of the uninterrupted one."""
+    keys = keys or {n: n for n in state}
+    names = names_of(keys)
+    clip = cfg["dp-clip-norm"]
+    sums: dict[str, np.ndarray] = {}
+    holders: dict[str, int] = {}
+    for u in sorted(updates, key=lambda u: u.client):
+        deltas = {n: v.astype(np.float64) - state[n] for n, v in u.tensors.items()}
+        total = float(np.sqrt(sum(np.sum(np.square(d)) for d in deltas.values())))
+        scale = min(1.0, clip / total) if total > 0 else 1.0
+        for name, d in deltas.items():
+            sums[keys[name]] = sums.get(keys[name], 0.0) + d * scale
+            holders[keys[name]] = holders.get(keys[name], 0) + 1
+    rng = np.random.default_rng([*entropy.tolist(), server_round])
+    sigma = cfg["dp-noise-multiplier"] * clip
+    new_state = dict(state)
+    for key in sorted(sums):
+        noisy = (sums[key] + rng.normal(0.0, sigma, size=np.shape(sums[key]))) / holders[key]
+        for name in names[key]:
+            new_state[name] = (state[name] + noisy).astype(state[name].dtype)
+    return new_state
+
+
+def dp_epsilon(cfg: dict, rounds: int, sample_rate: float) -> float:
+    """Privacy spent after ``rounds`` rounds, epsilon for ``dp-delta``, by Opacus' RDP
+    accountant. Each round is one Gaussian mechanism on the sampled clients; with a fraction
+    ``sample_rate`` < 1 of the clients sampled the accountant assumes Poisson sampling (ours
+    is a fixed-size draw without replacement, for which this is the usual approximation)."""
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(cfg["dp-noise-multiplier"], sample_rate, rounds)]
+    return float(accountant.get_epsilon(cfg["dp-delta"]))
+
+
+def state_problem(old: dict[str, np.ndarray], new: dict[str, np.ndarray], cfg: dict,
+                  check_jump: bool = True, skip_jump: tuple[str, ...] = ()) -> str | None:
+    """Why ``new`` must not replace ``old`` (module docstring), or None; tensors named in
+    ``skip_jump`` need only be finite."""
+    growth, floor = cfg["screen-max-growth"], cfg["screen-rms-floor"]
+    for name in sorted(new):
+        if new[name] is old.get(name):
+            continue
+        if not np.isfinite(new[name]).all():
+            return f"'{name}' has NaN or Inf values"
+        if check_jump and name in old and name not in skip_jump:
+            jump, ref = rms(new[name].astype(np.float64) - old[name]), rms(old[name])
+            if jump > growth * max(ref, floor):
+                return (f"'{name}' moved by rms {jump:.3g} > {growth:g} x max(rms before "
+                        f"{ref:.3g}, {floor:g})")
+    return None
+

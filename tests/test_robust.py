@@ -1,0 +1,208 @@
+"""Update screening, robust masked aggregators, client-level DP and the state guard: small
+tensors worked out by hand, then whole in-process runs with one hostile client."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+from scipy.stats import norm as gaussian
+
+from fedtune_app.config import ConfigError
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.federated.robust import combine, dp_combine, dp_epsilon, screen, state_problem
+from fedtune_app.methods import resolve_config
+from runs import assert_same_tensors, final_state, run
+
+CFG = resolve_config({})
+f32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
+
+
+def cfg(**keys):
+    return CFG | keys
+
+
+# 5 holders of 'a' (its state 0), one holder of 'b' (its state 1)
+STATE = {"a": f32(0, 0), "b": f32(1)}
+UPDATES = [ClientUpdate("1", {"a": f32(1, 10)}, 1), ClientUpdate("2", {"a": f32(2, -10)}, 1),
+           ClientUpdate("3", {"a": f32(6, 4), "b": f32(3)}, 2),
+           ClientUpdate("4", {"a": f32(100, 0)}, 1), ClientUpdate("5", {"a": f32(-50, 7)}, 1)]
+
+
+def test_masked_median_and_trimmed_mean_by_hand():
+    # coordinate 0 sorted: -50 1 2 6 100; coordinate 1 sorted: -10 0 4 7 10
+    median = combine(STATE, UPDATES, cfg(aggregator="median"))
+    np.testing.assert_array_equal(median["a"], f32(2, 4))
+    np.testing.assert_array_equal(median["b"], f32(3))  # one holder: its own value
+    # beta 0.2 of 5 holders cuts int(1.0) = 1 value per tail: mean(1, 2, 6), mean(0, 4, 7)
+    trimmed = combine(STATE, UPDATES, cfg(aggregator="trimmed-mean", **{"trim-beta": 0.2}))
+    np.testing.assert_allclose(trimmed["a"], f32(3, 11 / 3), rtol=1e-6)
+    np.testing.assert_array_equal(trimmed["b"], f32(3))
+    # 0.19 x 5 < 1: nothing is cut, the unweighted mean (1+2+6+100-50)/5, (10-10+4+0+7)/5
+    untrimmed = combine(STATE, UPDATES, cfg(aggregator="trimmed-mean", **{"trim-beta": 0.19}))
+    np.testing.assert_allclose(untrimmed["a"], f32(59 / 5, 11 / 5), rtol=1e-6)
+    # the mean is Eq. 2 itself, bit for bit
+    assert_same_tensors(combine(STATE, UPDATES, cfg(aggregator="mean")),
+                        masked_weighted_mean(STATE, UPDATES))
+
+
+def test_masked_clipped_mean_by_hand():
+    state = {"a": f32(1, 1), "b": f32(0)}
+    # updates (3,4) norm 5, (0,1) norm 1, (30,40) norm 50: median norm 5 clips the last to (3,4)
+    updates = [ClientUpdate("1", {"a": f32(4, 5)}, 1), ClientUpdate("2", {"a": f32(1, 2)}, 1),
+               ClientUpdate("3", {"a": f32(31, 41), "b": f32(-7)}, 2)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    # example-weighted: (1 (3,4) + 1 (0,1) + 2 (3,4)) / 4 = (9/4, 13/4), plus the state
+    np.testing.assert_allclose(new["a"], f32(1 + 9 / 4, 1 + 13 / 4), rtol=1e-6)
+    np.testing.assert_array_equal(new["b"], f32(-7))  # one holder: the median is its own norm
+
+
+def test_keyed_median_shares_one_value():
+    state = {"x.0": f32(0), "x.1": f32(0), "y": f32(5)}
+    keys = {"x.0": "x", "x.1": "x", "y": "y"}
+    updates = [ClientUpdate("1", {"x.0": f32(1)}, 1), ClientUpdate("2", {"x.1": f32(9)}, 1),
+               ClientUpdate("3", {"x.0": f32(4)}, 1)]
+    new = combine(state, updates, cfg(aggregator="median"), keys)
+    assert new["x.0"] == new["x.1"] == f32(4) and new["y"] == f32(5)
+
+
+def test_screening_rules_by_hand():
+    sent = {c: {"a": f32(0, 0, 0, 0), "h": f32(1, 1, 1, 1)} for c in "1234"}
+    c = cfg(**{"screen-peer-ratio": 10.0, "screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    up = lambda client, a, h=f32(1, 1, 1, 1): ClientUpdate(client, {"a": a, "h": h}, 1)  # noqa
+    honest = [up("1", f32(.1, .1, .1, .1)), up("2", f32(.2, .2, .2, .2)),
+              up("3", f32(.15, .15, .15, .15))]
+    assert screen(honest, sent, c) == {}
+    # a client that breaks only the peer rule:
+    peer = honest + [up("4", f32(.1, .1, .1, .1), h=f32(1, 1, 1, 1) + 0.8)]
+    # 'h': deltas 0, 0, 0, 0.8 (rms 0.8 > floor 0.1; growth bound 5 x 1 = 5 holds); the median
+    # norm of 'h' over its 4 holders is 0 -> 1.6 > 10 x 0
+    assert set(screen(peer, sent, c)) == {"4"}
+    assert "median" in screen(peer, sent, c)["4"]
+    # below the floor nothing is judged against peers: rms 0.05 < 0.1
+    quiet = honest + [up("4", f32(.1, .1, .1, .1), h=f32(1, 1, 1, 1) + 0.05)]
+    assert screen(quiet, sent, c) == {}
+    # the growth bound, with a single holder: rms 0.6 > 5 x max(rms 0, 0.1)
+    alone = [up("1", f32(.6, -.6, .6, -.6))]
+    assert "rms 0.6 > 5 x max" in screen(alone, sent, c)["1"]
+    assert screen([up("1", f32(.4, -.4, .4, -.4))], sent, c) == {}
+    assert screen(peer, sent, c, peers=False) == {}  # under DP: the growth bound only
+
+
+def test_state_guard():
+    old = {"a": f32(1, -1), "b": f32(0, 0)}
+    c = cfg(**{"screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    assert state_problem(old, {"a": f32(2, -3), "b": old["b"]}, c) is None  # rms 1.58 < 5
+    assert "moved by rms 6" in state_problem(old, {"a": f32(7, -7), "b": old["b"]}, c)
+    assert "NaN" in state_problem(old, {"a": old["a"], "b": f32(np.nan, 0)}, c)
+    assert state_problem(old, {"a": f32(7, -7), "b": old["b"]}, c, check_jump=False) is None
+
+
+def test_dp_clipping_noise_and_epsilon():
+    state = {"a": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
+    updates = [ClientUpdate("1", {"a": f32(3, 0), "b": f32(4)}, 7),  # whole norm 5 -> x 0.2
+               ClientUpdate("2", {"a": f32(0, .5)}, 1)]  # norm 0.5 < 1: kept
+    seed = np.array([1, 2, 3, 4], np.uint32)
+    c = cfg(**{"dp-noise-multiplier": 0.0, "dp-clip-norm": 1.0})
+    new = dp_combine(state, updates, c, seed, 1)
+    np.testing.assert_allclose(new["a"], f32(0.3, 0.25), rtol=1e-6)  # unweighted over 2
+    np.testing.assert_allclose(new["b"], f32(0.8), rtol=1e-6)  # one holder
+    # the noise: N(0, (sigma C)^2) on the sum, divided by the 2 holders
+    big = {"a": np.zeros(20_000, np.float32)}
+    noisy = dp_combine(big, [ClientUpdate(str(i), {"a": big["a"]}, 1) for i in (1, 2)],
+                       cfg(**{"dp-noise-multiplier": 1.5, "dp-clip-norm": 2.0}), seed, 3)
+    # std 1.5 x 2 / 2 = 1.5; the sample std of 20000 normals is within 2% (> 10 standard errors)
+    assert abs(noisy["a"].std() / 1.5 - 1) < 0.02
+    again = dp_combine(big, [ClientUpdate(str(i), {"a": big["a"]}, 1) for i in (1, 2)],
+                       cfg(**{"dp-noise-multiplier": 1.5, "dp-clip-norm": 2.0}), seed, 3)
+    assert noisy["a"].tobytes() == again["a"].tobytes()  # (seed, round) decide the noise
+    # one round of the Gaussian mechanism, sigma 1, every client: the RDP accountant's epsilon
+    # lies between the exact one (Balle & Wang 2018, Thm. 8) and the classic RDP conversion
+    # min over alpha of alpha / (2 sigma^2) + log(1/delta) / (alpha - 1) (Mironov 2017)
+    delta, sigma = 1e-5, 1.0
+    exact = brentq(lambda e: gaussian.cdf(-e * sigma + 1 / (2 * sigma)) - np.exp(e)
+                   * gaussian.cdf(-e * sigma - 1 / (2 * sigma)) - delta, 0.01, 50)
+    classic = min(a / (2 * sigma**2) + np.log(1 / delta) / (a - 1)
+                  for a in np.linspace(1.01, 100, 10_000))
+    eps = dp_epsilon(cfg(**{"dp-noise-multiplier": sigma, "dp-delta": delta}), 1, 1.0)
+    assert exact <= eps <= classic
+    assert dp_epsilon(cfg(**{"dp-noise-multiplier": sigma}), 4, 1.0) > eps  # it accumulates
+
+
+def test_dp_config_is_checked():
+    with pytest.raises(ConfigError, match="'aggregator' = 'median' with key 'dp-noise"):
+        resolve_config({"dp-noise-multiplier": 1.0, "aggregator": "median"})
+    with pytest.raises(ConfigError, match="method 'inclusivefl'.*methods with DP: .*fedra"):
+        resolve_config({"dp-noise-multiplier": 1.0, "method": "inclusivefl"})
+    with pytest.raises(ConfigError, match="'aggregator' = 'krum' is not allowed"):
+        resolve_config({"aggregator": "krum"})
+
+
+# -- whole runs: the real ClientApp over the in-process grid ----------------------------------
+ATTACKS = ("huge", "flip", "noise", "diverge")
+ATTACKER = 0  # capacity 4 of the smoke preset: the only holder of some blocks in some rounds
+TWO_ROUNDS = {"num-server-rounds": 2}
+
+
+def records(folder):
+    return json.loads((folder / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    from flwr.app import MessageType
+
+    tmp = tmp_path_factory.mktemp("robust")
+    drop = {ATTACKER: lambda msg, reply: None if msg.metadata.message_type ==
+            MessageType.TRAIN else reply}
+    return run(tmp / "honest", **TWO_ROUNDS), run(tmp / "dropped", faults=drop, **TWO_ROUNDS)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_one_hostile_client_changes_nothing_under_default_screening(attack, reference_runs,
+                                                                    tmp_path):
+    honest, dropped = reference_runs
+    folder = run(tmp_path, **TWO_ROUNDS | {"fault-injection": f"{attack}={ATTACKER}"})
+    for record in records(folder):
+        # the attacker is rejected by screening in every round, nobody else ever
+        assert list(record["rejected"]) == [str(ATTACKER)], record["rejected"]
+        assert record["rejected"][str(ATTACKER)].startswith("screening:")
+        assert record["state-updated"] is True
+    # a reply rejected before aggregation is exactly a reply that never came: the bound on the
+    # distance to the run without the attacker's replies is 0, bit for bit
+    assert_same_tensors(final_state(folder), final_state(dropped))
+    assert records(folder)[-1]["accuracy"] == records(dropped)[-1]["accuracy"]
+    # the honest run itself never rejects anyone
+    assert all(not r["rejected"] for r in records(honest))
+
+
+def test_without_screening_the_attacks_do_poison_the_mean(reference_runs, tmp_path):
+    """The threat is real (the reason screening is on by default): the same huge attack with
+    screening off drives the state far away and the honest clients' next round to NaN."""
+    _, dropped = reference_runs
+    folder = run(tmp_path, **TWO_ROUNDS | {"fault-injection": f"huge={ATTACKER}",
+                                           "screen-updates": False})
+    second = records(folder)[1]
+    assert {"1", "2"} <= set(second["rejected"])  # honest clients, diverged
+    state, ref = final_state(folder), final_state(dropped)
+    assert max(float(np.abs(state[n].astype(np.float64) - ref[n]).max()) for n in ref) > 1e20
+
+
+@pytest.mark.parametrize("aggregator", ["median", "trimmed-mean", "clipped-mean", "dp"])
+def test_same_seed_same_run_with_each_aggregator(aggregator, tmp_path):
+    keys = ({"dp-noise-multiplier": 0.5, "dp-noise-seed": 11} if aggregator == "dp" else
+            {"aggregator": aggregator}) | TWO_ROUNDS
+    a, b = run(tmp_path / "a", **keys), run(tmp_path / "b", **keys)
+    assert_same_tensors(final_state(a), final_state(b))
+    if aggregator == "dp":
+        eps = [r["dp-epsilon"] for r in records(a)]
+        assert 0 < eps[0] < eps[1] and eps == [r["dp-epsilon"] for r in records(b)]
+
+
+@pytest.mark.parametrize("method", ["inclusivefl", "depthfl", "all-small"])
+def test_every_method_screens_before_its_own_aggregation(method, tmp_path):
+    folder = run(tmp_path, method=method, aggregator="median",
+                 **TWO_ROUNDS | {"fault-injection": f"diverge={ATTACKER}"})
+    for record in records(folder):
+        assert list(record["rejected"]) == [str(ATTACKER)], record["rejected"]
+    assert all(np.isfinite(v).all() for v in final_state(folder).values())
