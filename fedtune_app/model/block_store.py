@@ -83,7 +83,7 @@ def frozen_slots(model: LayeredModel) -> list[Slot]:
 
 
 # -- the node's layered checkpoint ------------------------------------------------------------
-def _source_identity(spec: ModelSpec) -> list:
+def source_identity(spec: ModelSpec) -> list:
     """What the weights depend on besides the spec's fields: a local file's size and mtime, and
     the library versions that define architectures and random inits."""
     ident: list = [FORMAT, *dataclasses.astuple(spec)]
@@ -101,7 +101,7 @@ def _source_identity(spec: ModelSpec) -> list:
 
 
 def checkpoint_path(spec: ModelSpec, cache_dir: Path) -> Path:
-    digest = hashlib.sha256(json.dumps(_source_identity(spec), default=str).encode())
+    digest = hashlib.sha256(json.dumps(source_identity(spec), default=str).encode())
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.name)[-60:]
     return Path(cache_dir) / "layered" / f"{safe}-{digest.hexdigest()[:20]}.safetensors"
 
