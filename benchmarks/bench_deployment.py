@@ -52,11 +52,11 @@ def deployed(run_config: str, workdir: Path, nodes: int, timeout: float) -> list
     return round_seconds(results_folder(done.stdout))
 
 
-def simulated(run_config: str, workdir: Path, timeout: float) -> list[float]:
+def simulated(run_config: str, workdir: Path, timeout: float, app: Path) -> list[float]:
     results = workdir / "simulated"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--results",
-                           str(results), "--run-config", run_config], cwd=ROOT,
+                           str(results), "--run-config", run_config], cwd=app,
                           capture_output=True, text=True, timeout=timeout)
     print(f"simulated run: {time.perf_counter() - started:.1f} s wall", flush=True)
     if done.returncode:
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--workdir", default="bench-deployment")
     parser.add_argument("--only", choices=("deployed", "simulated"))
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--app", default=str(ROOT), help="the checkout the simulation runs")
     args = parser.parse_args()
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +80,8 @@ def main() -> None:
     if args.only != "simulated":
         rows["deployed"] = deployed(args.run_config, workdir, args.nodes, args.timeout)
     if args.only != "deployed":
-        rows["simulated"] = simulated(args.run_config, workdir, args.timeout)
+        rows["simulated"] = simulated(args.run_config, workdir, args.timeout,
+                                      Path(args.app).resolve())
     for name, seconds in rows.items():
         print(f"{name:>10}: round seconds {', '.join(f'{s:.1f}' for s in seconds)}")
     if len(rows) == 2:

@@ -102,3 +102,36 @@ def test_a_damaged_file_is_prepared_again(tmp_path, caplog, damage):
     fresh_process()
     assert_same_examples(load_data(cfg, node_folder=tmp_path).train, good.train)
     assert data._load_cached.cache_info().misses == 0
+
+
+def test_the_clients_partition_is_kept_beside_the_prepared_data(tmp_path, caplog):
+    cfg = resolve_config(TEXT | {"partitioner": "iid"})
+    fresh_process()
+    data.partition_indices.cache_clear()
+    first = client_examples(cfg, load_data(cfg, node_folder=tmp_path), 1, 4)
+    files = sorted((tmp_path / "prepared").glob("*-partition-1-of-4-*.npy"))
+    assert len(files) == 1 and len(first) == 10  # 40 examples, 4 IID partitions
+
+    fresh_process()
+    data.partition_indices.cache_clear()
+    read = client_examples(cfg, load_data(cfg, node_folder=tmp_path), 1, 4)
+    assert data.partition_indices.cache_info().misses == 0  # not partitioned again
+    fresh_process()
+    rebuilt = client_examples(cfg, load_data(cfg), 1, 4)  # no node folder: partitioned here
+    assert_same_examples(read, rebuilt)
+    assert_same_examples(first, rebuilt)
+
+    # another client, seed or partitioner: another file
+    fresh_process()
+    splits = load_data(cfg, node_folder=tmp_path)
+    client_examples(cfg, splits, 2, 4)
+    client_examples(resolve_config(TEXT | {"partitioner": "iid", "seed": 3}), splits, 1, 4)
+    client_examples(resolve_config(TEXT | {"min-partition-size": 2}), splits, 1, 4)  # dirichlet
+    assert len(list((tmp_path / "prepared").glob("*-partition-*.npy"))) == 4
+
+    files[0].write_bytes(files[0].read_bytes()[:40])  # truncated
+    fresh_process()
+    with caplog.at_level(logging.WARNING):
+        again = client_examples(cfg, load_data(cfg, node_folder=tmp_path), 1, 4)
+    assert str(files[0]) in caplog.text and "partitioning again" in caplog.text
+    assert_same_examples(again, rebuilt)

@@ -106,6 +106,7 @@ class DataSplits:
     test: Examples
     class_names: list[str]
     domain_names: list[str] | None = None
+    origin: Path | None = None  # the node's prepared-data file these were read from / written to
 
     @property
     def num_classes(self) -> int:
@@ -346,14 +347,14 @@ def _prepared_on_node(data_cfg: tuple, spec: ModelSpec, folder: Path) -> DataSpl
 
     path = prepared_path(data_cfg, spec, folder)
     splits = _read_prepared(path)
-    if splits is not None:
-        return splits
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):
-        splits = _read_prepared(path)
-        if splits is None:
-            splits = _load_cached(data_cfg, spec)
-            _write_prepared(splits, path)
+    if splits is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{path}.lock"):
+            splits = _read_prepared(path)
+            if splits is None:
+                splits = _load_cached(data_cfg, spec)
+                _write_prepared(splits, path)
+    splits.origin = path
     return splits
 
 
@@ -545,13 +546,61 @@ def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
     cache = splits.__dict__.setdefault("_client_examples", {})
     if key not in cache:
         train, _ = public_split(cfg, splits)  # FedMD/FedDF: the public set is nobody's data
-        labels = tuple(train.labels.tolist())
-        domains = None if train.domains is None else tuple(train.domains.tolist())
-        mine = partition_indices(labels, domains, num_partitions, *key[2:6])[partition_id]
-        if proxy:  # the same partition as without a proxy, less the server's part
-            mine = np.setdiff1d(mine, proxy_indices(cfg, splits))
+        def partition() -> np.ndarray:
+            labels = tuple(train.labels.tolist())
+            domains = None if train.domains is None else tuple(train.domains.tolist())
+            mine = partition_indices(labels, domains, num_partitions, *key[2:6])[partition_id]
+            if proxy:  # the same partition as without a proxy, less the server's part
+                mine = np.setdiff1d(mine, proxy_indices(cfg, splits))
+            return np.asarray(mine, dtype=np.int64)
+
+        mine = partition() if splits.origin is None else \
+            _partition_on_node(splits.origin, key, len(train), partition)
         cache[key] = train.subset(list(mine))
     return cache[key]
+
+
+def _partition_on_node(origin: Path, key: tuple, size: int, partition) -> np.ndarray:
+    """A client's partition (indices into its training data) kept beside the node's prepared
+    data (``origin``), keyed by it and every partition key: a fresh process does not import the
+    partitioners (flwr-datasets) and partition again. numpy's format, no pickle; written
+    atomically (two writers of one key write the same indices)."""
+    import hashlib
+    import json
+    import logging
+    import os
+    import tempfile
+    from importlib import metadata
+
+    ident = [origin.name, list(map(str, key))]
+    for package in ("flwr-datasets", "numpy"):
+        try:
+            ident.append((package, metadata.version(package)))
+        except metadata.PackageNotFoundError:
+            ident.append((package, None))
+    digest = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:20]
+    path = origin.with_name(f"{origin.stem}-partition-{key[0]}-of-{key[1]}-{digest}.npy")
+    if path.is_file():
+        try:
+            mine = np.load(path, allow_pickle=False)
+            if mine.dtype != np.int64 or mine.ndim != 1 or \
+                    (len(mine) and not 0 <= mine.min() <= mine.max() < size):
+                raise ValueError(f"{mine.dtype} {mine.shape} indices, expected int64 in "
+                                 f"0..{size - 1}")
+            return mine
+        except (OSError, ValueError, EOFError) as err:
+            logging.getLogger(__name__).warning(
+                "partition file %s is unreadable (%s): partitioning again", path, err)
+    mine = partition()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-", suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            np.save(out, mine, allow_pickle=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return mine
 
 
 def client_group(cfg: dict, splits: DataSplits, partition_id: int, num_partitions: int) -> str:
