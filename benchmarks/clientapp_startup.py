@@ -34,9 +34,14 @@ def child(preset: str) -> dict:
     import client_app  # noqa: F401
     from fedtune_app.apps.client import handle_query, handle_train
     t2 = time.perf_counter()
+    from fedtune_app.data.scenarios import client_capacities
+    from fedtune_app.methods import resolve_config
+
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     run_config = {"preset": preset}
-    context = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3},
+    clients = len(client_capacities(resolve_config(run_config)))
+    context = Context(run_id=1, node_id=5,
+                      node_config={"partition-id": 0, "num-partitions": clients},
                       state=RecordDict(), run_config=run_config)
     query = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
     query.metadata.__dict__["_message_id"] = "q"
@@ -45,7 +50,6 @@ def child(preset: str) -> dict:
 
     from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.apps.client import runtime
-    from fedtune_app.methods import resolve_config
     from fedtune_app.federated.strategy import to_record
 
     cfg = resolve_config(run_config)
@@ -71,16 +75,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--child", action="store_true")
+    parser.add_argument("--app", default=str(ROOT), help="checkout to measure (default: this)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.preset)))
         return
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    app = Path(args.app).resolve()  # the checkout whose ClientApp is measured
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(app)}
     runs = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         out = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset],
-                             env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+                             env=env, capture_output=True, text=True, check=True, cwd=app)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         result["python-process-wall"] = time.perf_counter() - start
         runs.append(result)
