@@ -53,7 +53,7 @@ def run_and_check(dep: LocalDeployment, tmp_path: Path, declared: list[int],
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
     floats = wire_floats(declared)
-    tensors = sum(2 * c + 2 for c in declared)
+    tensors = sum(4 * c + 2 for c in declared)  # LoRA A and B of 2 modules per block + head
     for m in metrics:
         assert m["clients"] == list(range(len(declared))) and m["rejected"] == {}
         # only the planned adapters + head travel: float32 payload plus a small header per tensor
