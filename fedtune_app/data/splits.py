@@ -13,8 +13,15 @@ once, not once per round.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
 import math
+import os
+import re
+import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +32,7 @@ from fedtune_app.data.sources import stratified_split
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
 from fedtune_app.config import ConfigError
 
+_log = logging.getLogger(__name__)
 SPLIT_SEED = 20240601
 TEST_FRACTION = 0.2
 
@@ -313,8 +321,6 @@ def prepared_identity(data_cfg: tuple, spec: ModelSpec) -> list:
     """Everything the prepared data depends on: the data keys, the tokenizer's model (spec, a
     local source's files), local data files, the fixed split seeds, and the libraries that
     read, tokenise and store it."""
-    from importlib import metadata
-
     from fedtune_app.model.block_store import source_identity
 
     cfg = dict(data_cfg)
@@ -330,10 +336,6 @@ def prepared_identity(data_cfg: tuple, spec: ModelSpec) -> list:
 
 
 def prepared_path(data_cfg: tuple, spec: ModelSpec, folder: Path) -> Path:
-    import hashlib
-    import json
-    import re
-
     digest = hashlib.sha256(json.dumps(prepared_identity(data_cfg, spec), default=str).encode())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dict(data_cfg)['dataset']}-{spec.name}")[-60:]
     return Path(folder) / "prepared" / f"{name}-{digest.hexdigest()[:20]}.safetensors"
@@ -367,10 +369,6 @@ def _examples_tensors(prefix: str, examples: Examples) -> dict[str, torch.Tensor
 
 
 def _write_prepared(splits: DataSplits, path: Path) -> None:
-    import json
-    import os
-    import tempfile
-
     from safetensors.torch import save_file
 
     tensors = _examples_tensors("train", splits.train) | _examples_tensors("test", splits.test)
@@ -390,9 +388,6 @@ def _write_prepared(splits: DataSplits, path: Path) -> None:
 def _read_prepared(path: Path) -> DataSplits | None:
     """The prepared data in ``path``; None when there is no file, or (with a warning naming the
     file) when it is not a whole file of this format."""
-    import json
-    import logging
-
     from safetensors import SafetensorError, safe_open
 
     if not path.is_file():
@@ -414,7 +409,7 @@ def _read_prepared(path: Path) -> DataSplits | None:
         return DataSplits(*parts, json.loads(meta["class-names"]),
                           json.loads(meta["domain-names"]))
     except (SafetensorError, OSError, ValueError, KeyError) as err:
-        logging.getLogger(__name__).warning(
+        _log.warning(
             "prepared-data file %s is unreadable (%s): preparing the data again", path, err)
         return None
 
@@ -565,13 +560,6 @@ def _partition_on_node(origin: Path, key: tuple, size: int, partition) -> np.nda
     data (``origin``), keyed by it and every partition key: a fresh process does not import the
     partitioners (flwr-datasets) and partition again. numpy's format, no pickle; written
     atomically (two writers of one key write the same indices)."""
-    import hashlib
-    import json
-    import logging
-    import os
-    import tempfile
-    from importlib import metadata
-
     ident = [origin.name, list(map(str, key))]
     for package in ("flwr-datasets", "numpy"):
         try:
@@ -589,7 +577,7 @@ def _partition_on_node(origin: Path, key: tuple, size: int, partition) -> np.nda
                                  f"0..{size - 1}")
             return mine
         except (OSError, ValueError, EOFError) as err:
-            logging.getLogger(__name__).warning(
+            _log.warning(
                 "partition file %s is unreadable (%s): partitioning again", path, err)
     mine = partition()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-", suffix=".npy")
