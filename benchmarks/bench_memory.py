@@ -64,30 +64,60 @@ def resident_bytes(model) -> int:
     return total
 
 
-def child(run_config: dict, capacity: int, cache: str) -> dict:
-    started = time.perf_counter()
-    import resource
-
+def queried_node(run_config: dict, capacity: int):
+    """(the client module, the node's Context) of a node as a deployed SuperNode runs it: the
+    ClientApp imported the deployed way, the start-up query answered."""
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     import client_app  # noqa: F401 - the deployed import path
     from fedtune_app.apps import client
-    from fedtune_app.methods import resolve_config
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    run_config = {**run_config, "checkpoint-dir": cache}
     node = {"partition-id": 0, "num-partitions": 2, "capacity": capacity}
     context = Context(run_id=1, node_id=5, node_config=node, state=RecordDict(),
                       run_config=run_config)
     query = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
     query.metadata.__dict__["_message_id"] = "q"
     client.handle_query(query, context)
+    return client, context
 
+
+def train_twice(client, context, plan, payload, started: float) -> tuple[float, float]:
+    """(seconds from ``started`` to the first reply, seconds of the second, warm, train)."""
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+    times = []
+    for r in (1, 2):
+        msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
+            {"layers": list(plan), "server-round": r})}), 5, MessageType.TRAIN)
+        msg.metadata.__dict__["_message_id"] = f"t{r}"
+        start = time.perf_counter()
+        client.handle_train(msg, context)
+        times.append(time.perf_counter() - start)
+        if r == 1:
+            first_reply = time.perf_counter() - started
+    return first_reply, times[1]
+
+
+def measured(model, first_reply: float, warm: float) -> dict:
+    import resource
+
+    return {"weights": resident_bytes(model), "peak-rss": resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss * 1024, "first-reply-s": first_reply,
+            "warm-train-s": warm}
+
+
+def child(run_config: dict, capacity: int, cache: str) -> dict:
+    started = time.perf_counter()
+    run_config = {**run_config, "checkpoint-dir": cache}
+    client, context = queried_node(run_config, capacity)
+
+    from fedtune_app.data.splits import num_classes_of
     from fedtune_app.federated.strategy import to_record
+    from fedtune_app.methods import resolve_config
     from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.model.backbones import ModelSpec, build_skeleton
-    from fedtune_app.data.splits import num_classes_of
 
     cfg = resolve_config(run_config)
     plan = tuple(range(capacity))
@@ -100,62 +130,26 @@ def child(run_config: dict, capacity: int, cache: str) -> dict:
     del skeleton
     payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
     started += time.perf_counter() - made
-    times = []
-    for r in (1, 2):
-        msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
-            {"layers": list(plan), "server-round": r})}), 5, MessageType.TRAIN)
-        msg.metadata.__dict__["_message_id"] = f"t{r}"
-        start = time.perf_counter()
-        client.handle_train(msg, context)
-        times.append(time.perf_counter() - start)
-        if r == 1:
-            first_reply = time.perf_counter() - started
-    model = next(iter(client._MODELS.values()))[0]
-    return {"weights": resident_bytes(model), "peak-rss": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss * 1024, "first-reply-s": first_reply,
-            "warm-train-s": times[1]}
+    first_reply, warm = train_twice(client, context, plan, payload, started)
+    return measured(next(iter(client._MODELS.values()))[0], first_reply, warm)
 
 
 def child_before(run_config: dict, capacity: int, cache: str) -> dict:
     """The same for a checkout without ``build_skeleton`` (the whole backbone is built)."""
     started = time.perf_counter()
-    import resource
+    client, context = queried_node(run_config, capacity)
 
-    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
-
-    import client_app  # noqa: F401
-    from fedtune_app.apps import client
-    from fedtune_app.methods import resolve_config
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    node = {"partition-id": 0, "num-partitions": 2, "capacity": capacity}
-    context = Context(run_id=1, node_id=5, node_config=node, state=RecordDict(),
-                      run_config=run_config)
-    query = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
-    query.metadata.__dict__["_message_id"] = "q"
-    client.handle_query(query, context)
     from fedtune_app.federated.strategy import to_record
+    from fedtune_app.methods import resolve_config
     from fedtune_app.model.adapters import initial_state, names_for_plan
 
     cfg = resolve_config(run_config)
     plan = tuple(range(capacity))
-    times = []
-    for r in (1, 2):
-        model, _ = client.runtime(cfg)
-        state = initial_state(model, 0)
-        payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
-        msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
-            {"layers": list(plan), "server-round": r})}), 5, MessageType.TRAIN)
-        msg.metadata.__dict__["_message_id"] = f"t{r}"
-        start = time.perf_counter()
-        client.handle_train(msg, context)
-        times.append(time.perf_counter() - start)
-        if r == 1:
-            first_reply = time.perf_counter() - started
-    return {"weights": resident_bytes(model), "peak-rss": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss * 1024, "first-reply-s": first_reply,
-            "warm-train-s": times[1]}
+    model, _ = client.runtime(cfg)
+    state = initial_state(model, 0)
+    payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
+    first_reply, warm = train_twice(client, context, plan, payload, started)
+    return measured(model, first_reply, warm)
 
 
 def block_bytes(run_config: dict) -> tuple[int, int]:
