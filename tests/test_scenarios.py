@@ -145,5 +145,8 @@ def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():
     for round_caps, plans in fedra:
         assert [len(p) for p in plans] == round_caps  # FedRA holds exactly L_i blocks
     assert fedra[0][0] != fedra[1][0]
+    # AllSmall ignores the draws (FedRA Table 4 repeats Table 1's AllSmall row): the model of
+    # 'all-small-layers' blocks every round
+    cfg = cfg | {"all-small-layers": 3}
     for _, plans in three_rounds("all-small"):
-        assert plans == [(0,)] * 6  # the only model every client can hold in every round
+        assert plans == [(0, 1, 2)] * 6
