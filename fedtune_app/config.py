@@ -83,6 +83,12 @@ KEYS: dict[str, Key] = {
                        "label skew (domain-dirichlet: Dirichlet inside each domain)",
                        choices=("dirichlet", "iid", "domain", "domain-dirichlet")),
     "dirichlet-alpha": Key(0.5, "Dirichlet concentration (label skew)", minimum=1e-6),
+    "dirichlet-self-balancing": Key(True, "Dirichlet partitions: a client above the average "
+                                    "size gets none of the later classes, so sizes stay near "
+                                    "N / K (flwr-datasets' self-balancing; label skew only); "
+                                    "false: sizes follow the Dirichlet draws too, label AND "
+                                    "quantity skew (HeteroTune: clients differ 'in both the "
+                                    "categories and quantities')"),
     "min-partition-size": Key(10, "smallest partition the Dirichlet split accepts", minimum=1),
     "train-subset": Key(0, "use only this many training examples, stratified (0 = all)", minimum=0),
     "test-subset": Key(0, "use only this many test examples, stratified (0 = all)", minimum=0),
