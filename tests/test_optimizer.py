@@ -96,3 +96,26 @@ def test_llama_presets_run_adamw_and_the_vision_presets_sgd(task):
     for preset in ("heterotune-t1-cifar10", "fedra-t1-nico", "fedbrick-t1-nico"):
         cfg = resolve_config({"preset": preset})
         assert (cfg["optimizer"], cfg["lr"], cfg["lr-schedule"]) == ("sgd", 0.01, "constant")
+
+
+def test_clients_train_at_the_rounds_scheduled_rate(tmp_path):
+    """Through the real ClientApp: round 1 of a 2-round warm-up from lr 0.2 trains exactly as a
+    constant lr 0.2 * 1/2 = 0.1 (the same float), and not as 0.2."""
+    import json
+    from pathlib import Path
+
+    from client_app import app as client_app
+    from fedtune_app.apps.server import run_federation
+    from inprocess import InProcessGrid, simulation_nodes
+
+    def round_one(**keys):
+        rc = {"preset": "smoke", "num-server-rounds": 1, "results-dir": str(tmp_path)} | keys
+        grid = InProcessGrid(client_app, simulation_nodes(3), rc)
+        folder = Path(run_federation(grid, resolve_config(rc)))
+        return json.loads((folder / "metrics.json").read_text())[0]
+
+    warm = round_one(**{"lr": 0.2, "lr-warmup-rounds": 2})
+    half = round_one(lr=0.1)
+    full = round_one(lr=0.2)
+    assert (warm["loss"], warm["train-loss"]) == (half["loss"], half["train-loss"])
+    assert warm["loss"] != full["loss"]
