@@ -160,6 +160,33 @@ def test_two_live_nodes_claiming_one_partition_the_newest_serves_it(caplog):
     assert sorted(nodes.claims) == [0, 1]
 
 
+def test_a_restart_under_the_same_id_is_asked_again(caplog):
+    """With SuperNode authentication a restarted device keeps its node id; Flower shows it
+    activated anew, so the server asks it again: same partition, it serves again; another
+    partition, it is refused (a node keeps its partition within a run) and sent no work."""
+    grid = InProcessGrid(client_app, [node_config(0, 2), node_config(1, 2)],
+                         TINY | {"capacities": "4,2"})
+    nodes = NodeSet()
+    nodes.gather(grid, 0, timeout=60)
+    n0, n1 = grid.node_ids
+    grid.go_offline(n1)
+    nodes.refresh(grid)
+    assert [c.partition_id for c in nodes.live()] == [0]
+    queries = len(grid.sent)
+    grid.come_back(n1)
+    with caplog.at_level(logging.INFO, logger="fedtune"):
+        nodes.refresh(grid)
+    assert len(grid.sent) == queries + 1 and grid.sent[-1].metadata.dst_node_id == n1
+    assert nodes.take_events()[-1] == f"node {n1} restarted and serves partition 1 again"
+    assert [c.node_id for c in nodes.live()] == [n0, n1]
+    grid.go_offline(n0)
+    grid.come_back(n0, node_config(1, 2))  # same key, the node config of another device
+    nodes.refresh(grid)
+    assert nodes.refused[n0] == ("it served partition 0 and now declares partition 1; a node "
+                                 "keeps its partition within a run")
+    assert [c.node_id for c in nodes.live()] == [n1]
+
+
 def test_waiting_for_nodes_says_what_is_missing(monkeypatch, caplog):
     """min-nodes=0 waits for every partition the nodes declare; the wait logs how many are
     served, which are missing and the deadline, and gives up at 'round-timeout'."""

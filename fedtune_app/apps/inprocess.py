@@ -5,11 +5,12 @@ ClientApp handlers, Message/ArrayRecord serialisation of every payload. Only Ray
 skipped, so tests and notebooks run a federation in seconds. ``faults`` lets a test replace a
 node's reply: a fault gets (message, reply) and returns the reply to deliver, None (dropped /
 timed out), or a list of replies (a repeated reply, a stray one from another node).
-Nodes can come and go as on a real SuperLink: ``add_node`` (a late device, or a restarted one:
-a new node id), ``go_offline`` (no longer listed; a message to it gets the SuperLink's
-NODE_UNAVAILABLE reply, sent from node 1 as Flower 1.41 does). ``run_inprocess`` writes the
-same results folder as ``flwr run`` with the same run config (simulation nodes get
-``partition-id``/``num-partitions`` exactly as here).
+Nodes can come and go as on a real SuperLink: ``add_node`` (a late device, or a restarted one
+without authentication: a new node id), ``go_offline`` (no longer listed; a message to it gets
+the SuperLink's NODE_UNAVAILABLE reply, sent from node 1 as Flower 1.41 does), ``come_back``
+(a restart under the same id, as with SuperNode authentication: activated anew).
+``run_inprocess`` writes the same results folder as ``flwr run`` with the same run config
+(simulation nodes get ``partition-id``/``num-partitions`` exactly as here).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -37,6 +39,7 @@ class InProcessGrid(Grid):
         self.client_app, self.run_config = client_app, dict(run_config)
         self.node_ids: list[int] = []  # every node ever connected; faults index this list
         self.online: set[int] = set()
+        self.activations: dict[int, int] = {}  # node id -> times it was activated
         self.contexts: dict[int, Context] = {}
         for nc in node_configs:
             self.add_node(nc)
@@ -60,12 +63,24 @@ class InProcessGrid(Grid):
         nid = 1000 + 17 * len(self.node_ids)
         self.node_ids.append(nid)
         self.online.add(nid)
+        self.activations[nid] = 1
         self.contexts[nid] = Context(run_id=RUN_ID, node_id=nid, node_config=dict(node_config),
                                      state=RecordDict(), run_config=dict(self.run_config))
         return nid
 
     def go_offline(self, node_id: int) -> None:
         self.online.discard(node_id)
+
+    def come_back(self, node_id: int, node_config: dict | None = None) -> None:
+        """The node restarts under its id (optionally with another node config)."""
+        self.online.add(node_id)
+        self.activations[node_id] += 1
+        if node_config is not None:
+            self.contexts[node_id].node_config = dict(node_config)
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, status="online", last_activated_at=str(self.activations[n]))
+                for n in self.get_node_ids()]
 
     def get_node_ids(self):
         return [n for n in self.node_ids if n in self.online]

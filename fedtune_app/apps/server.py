@@ -83,7 +83,8 @@ def run_federation(grid: Grid, cfg: dict) -> str:
             return None
         return MetricRecord({"accuracy": metrics["accuracy"], "loss": metrics["loss"]})
 
-    strategy.start(TalkingGrid(grid, nodes.describe), initial_arrays=to_record(strategy.state),
+    grid = TalkingGrid(grid, nodes.describe, on_wait=nodes.refresh)  # says whom it waits for
+    strategy.start(grid, initial_arrays=to_record(strategy.state),
                    num_rounds=cfg["num-server-rounds"] - strategy.round_offset,
                    timeout=cfg["round-timeout"], evaluate_fn=end_of_round)
     writer.finish()

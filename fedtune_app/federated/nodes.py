@@ -8,8 +8,11 @@ asking (the query message) the first time Flower lists the node's id as online. 
   (node 1) as sender and Flower's NODE_UNAVAILABLE error. Such an error is the failure of the
   node the message was sent to, logged with that node's id and Flower's error code.
 * A new node id is asked who it is; once it has answered it takes its partition's place
-  whatever its id: a restarted SuperNode (a new id) or a late device takes part from the first
-  round that starts after its answer.
+  whatever its id: a restarted SuperNode (a new id without authentication) or a late device
+  takes part from the first round that starts after its answer. With SuperNode authentication
+  a restarted device keeps its node id: it is simply online again (and asked again who it is,
+  since Flower shows it was activated anew). Nodes are read, and new ones asked, at the start
+  of every round and every few seconds while a round waits for replies.
 * One partition, one node: the NEWEST claim wins. When a node declares a partition that another
   node serves, the new node serves it from then on and the old one is sent no more work (a
   restart whose old instance Flower still lists as online for up to a minute). Two devices
@@ -109,6 +112,7 @@ class NodeSet:
         self.pending: dict[str, int] = {}  # query message id -> node id, not answered yet
         self.refused: dict[int, str] = {}  # node id -> why it is not used
         self.online: set[int] = set()  # node ids Flower listed as online at the last refresh
+        self.activated: dict[int, str] = {}  # node id -> when Flower last activated it
         self.admit = admit  # raises ConfigError when the strategy cannot take a new partition
         self.events: list[str] = []  # what changed since the caller last took them
 
@@ -118,7 +122,8 @@ class NodeSet:
 
     def live(self) -> list[ClientInfo]:
         """The partitions whose node Flower listed as online at the last refresh."""
-        return [c for c in self.clients() if c.node_id in self.online]
+        return [c for c in self.clients() if c.node_id in self.online
+                and c.node_id not in self.refused]
 
     def num_partitions(self) -> int:
         return max((c.num_partitions for c in self.first.values()), default=0)
@@ -134,7 +139,15 @@ class NodeSet:
     # -- asking and deciding ----------------------------------------------------------------
     def refresh(self, grid: Grid, startup: bool = False) -> None:
         """Read the online nodes, ask each new one who it is, take the answers that arrived."""
-        self.online = set(grid.get_node_ids())
+        nodes = list(grid.get_nodes())
+        self.online = {n.node_id for n in nodes}
+        for n in nodes:  # activated again since we asked: a restart under the same id
+            when, before = n.last_activated_at, self.activated.get(n.node_id)
+            if when and before and when != before:
+                self.asked.discard(n.node_id)
+                log.info("node %d was activated again (a restart): asking it again",
+                         n.node_id)
+            self.activated[n.node_id] = when
         new = sorted(self.online - self.asked)
         if new:
             messages = [Message(RecordDict({"config": ConfigRecord({"want": "info"})}), node,
@@ -162,9 +175,11 @@ class NodeSet:
             self.events.append(why)
             return
         try:
-            self.claim(client_info(node, reply.content["info"]))
+            info = client_info(node, reply.content["info"])
         except (KeyError, TypeError, ValueError) as err:  # a malformed answer refuses the node
-            self.refuse(node, f"its answer is malformed ({err.__class__.__name__}: {err})")
+            return self.refuse(node, f"its answer is malformed ({err.__class__.__name__}: {err})")
+        self.refused.pop(node, None)  # asked again after a restart: judged on this answer
+        self.claim(info)
 
     def refuse(self, node: int, why: str) -> None:
         self.refused[node] = why
@@ -174,6 +189,10 @@ class NodeSet:
     def claim(self, info: ClientInfo) -> None:
         """Apply the rules of the module docstring to one node's answer."""
         pid, node = info.partition_id, info.node_id
+        held = [p for p, c in self.claims.items() if c.node_id == node and p != pid]
+        if held:  # a restart under the same id with another node config
+            return self.refuse(node, f"it served partition {held[0]} and now declares "
+                                     f"partition {pid}; a node keeps its partition within a run")
         first = self.first.get(pid)
         if first is None:
             expected = self.num_partitions()
@@ -200,6 +219,10 @@ class NodeSet:
         old = self.claims[pid].node_id
         # the node keeps the partition's first description; only the serving node id changes
         self.claims[pid] = replace(first, node_id=node, checkpoint_bytes=info.checkpoint_bytes)
+        if old == node:
+            log.info("node %d serves partition %d again", node, pid)
+            self.events.append(f"node {node} restarted and serves partition {pid} again")
+            return
         still = " (Flower still lists it as online)" if old in self.online else ""
         log.warning("node %d now serves partition %d in place of node %d%s; node %d is sent no "
                     "more work (newest claim wins: a restarted device gets a new id)",
@@ -250,8 +273,11 @@ class TalkingGrid(Grid):
     every message is answered or the timeout) says every few seconds whose replies it still
     waits for. Everything else is the wrapped Grid's."""
 
-    def __init__(self, grid: Grid, describe: Callable[[int], str] = lambda n: f"node {n}"):
-        self.grid, self.describe = grid, describe
+    def __init__(self, grid: Grid, describe: Callable[[int], str] = lambda n: f"node {n}",
+                 on_wait: Callable[[Grid], None] | None = None):
+        """``on_wait(grid)`` is called at every pull while waiting (``NodeSet.refresh``: new
+        nodes are asked who they are during a round, to join the next one)."""
+        self.grid, self.describe, self.on_wait = grid, describe, on_wait
 
     def set_run(self, run) -> None:
         self.grid.set_run(run)
@@ -292,6 +318,8 @@ class TalkingGrid(Grid):
             now = time.time()
             if not waiting or (timeout is not None and now >= started + timeout):
                 return replies
+            if self.on_wait is not None:
+                self.on_wait(self.grid)
             if now >= next_log:
                 left = "" if timeout is None else (
                     f", giving up in {started + timeout - now:.0f} s (run-config key "
