@@ -333,3 +333,120 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
     assert type(merged).__name__ == "LlamaForSequenceClassification"  # its own class
     assert merged.config.id2label[0] == "business"
+
+
+# -- the main job, trained for real and exported: every front door reproduces its accuracy -----
+# The pyproject default run (all-MiniLM-L6-v2, BBC News, FedRA, LoRA, mean pooling), shortened
+# for a test: 2 clients, 80 training / 100 test articles, 32 tokens, 2 rounds (~40 s here)
+MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "train-subset": 80,
+                  "test-subset": 100, "max-length": 32, "num-server-rounds": 2}
+
+
+def bbc_test_articles(cfg: dict) -> tuple[list[str], np.ndarray]:
+    """The run's test articles as raw text, with their labels (the fixed split, re-drawn)."""
+    from fedtune_app.data.sources import stratified_split
+    from fedtune_app.data.splits import (SPLIT_SEED, TEST_FRACTION, _bbc_news,
+                                         _stratified_subset)
+
+    texts, labels, _ = _bbc_news()
+    _, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
+    test = _stratified_subset(test, labels, cfg["test-subset"], SPLIT_SEED + 2)
+    return [texts[i] for i in test], labels[test]
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """A real in-process run of the main job, exported by `fedtune export --merge`, and
+    fedtune's own global model's logits on the run's test articles."""
+    from types import SimpleNamespace
+
+    from fedtune_app.data.splits import load_data
+    from fedtune_app.tools.cli import main
+    from runs import run
+
+    tmp = tmp_path_factory.mktemp("main-job")
+    folder = run(tmp, **MAIN_JOB_SHORT)
+    assert main(["export", str(folder), "--merge", "--out", str(tmp / "export")]) == 0
+    cfg = resolve_config(json.loads((folder / "config.json").read_text())["run-config"])
+    texts, labels = bbc_test_articles(cfg)
+    test = load_data(cfg).test
+    # they are the run's test examples: the same labels and, tokenised, the same tokens
+    np.testing.assert_array_equal(labels, test.labels.numpy())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp / "export" / "merged"),
+                                              trust_remote_code=True)
+    assert torch.equal(tokenizer(texts, padding="max_length", truncation=True, max_length=32,
+                                 return_tensors="pt")["input_ids"], test.inputs["input_ids"])
+    model, recipe = build_global(cfg)
+    recipe.load(model, load_file(str(folder / "state.safetensors")))
+    expected = fedtune_logits(model, recipe, test.inputs)
+    [last] = [m for m in json.loads((folder / "metrics.json").read_text()) if m["round"] == 2]
+    return SimpleNamespace(out=tmp / "export", texts=texts, labels=torch.from_numpy(labels),
+                           expected=expected, tol=tolerance(expected, depth=6, width=1536),
+                           accuracy=last["accuracy"], tokenizer=tokenizer,
+                           class_names=json.loads(
+                               (folder / "config.json").read_text())["class-names"])
+
+
+def assert_reproduces_the_run(main_job, predicted: torch.Tensor) -> float:
+    """Same class as fedtune's global model on every article but near ties, and the run's own
+    test accuracy within (near ties) / (articles)."""
+    ties = assert_same_predictions(predicted, main_job.expected, main_job.tol)
+    accuracy = float((predicted == main_job.labels).float().mean())
+    assert abs(accuracy - main_job.accuracy) <= ties / len(main_job.labels)
+    return accuracy
+
+
+def test_main_job_run_is_clearly_above_chance_and_fedtune_reproduces_it(main_job):
+    # 5 classes: chance is 20%; P(>= 50 of 100 right by chance) < 1e-9
+    assert main_job.accuracy >= 0.5
+    assert main_job.class_names == ["business", "entertainment", "politics", "sports", "tech"]
+    assert_reproduces_the_run(main_job, main_job.expected.argmax(-1))
+
+
+def test_main_job_export_in_transformers_auto_class_and_pipeline(main_job):
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    merged = AutoModelForSequenceClassification.from_pretrained(
+        str(main_job.out / "merged"), trust_remote_code=True).eval()
+    inputs = main_job.tokenizer(main_job.texts, padding=True, truncation=True, max_length=32,
+                                return_tensors="pt")
+    with torch.no_grad():
+        logits = merged(**inputs).logits
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+    classify = pipeline("text-classification", model=str(main_job.out / "merged"),
+                        trust_remote_code=True)
+    names = [r["label"] for r in classify(main_job.texts, truncation=True, max_length=32,
+                                          batch_size=20)]
+    predicted = torch.tensor([main_job.class_names.index(n) for n in names])
+    assert_reproduces_the_run(main_job, predicted)
+    card = (main_job.out / "README.md").read_text()
+    assert "0: business, 1: entertainment, 2: politics, 3: sports, 4: tech" in card
+    assert f"global test accuracy {100 * main_job.accuracy:.2f}% (round 2)" in card
+
+
+def test_main_job_export_in_sentence_transformers(main_job):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(main_job.out / "merged"), device="cpu",
+                                trust_remote_code=True)
+    assert model.max_seq_length == 32  # the run's max-length
+    logits = model.encode(main_job.texts, convert_to_tensor=True, batch_size=20)
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+
+def test_main_job_export_as_peft_adapter(main_job):
+    from peft import AutoPeftModelForSequenceClassification
+
+    model = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(main_job.out), trust_remote_code=True).eval()
+    inputs = main_job.tokenizer(main_job.texts, padding=True, truncation=True, max_length=32,
+                                return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
