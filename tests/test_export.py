@@ -382,7 +382,8 @@ def main_job(tmp_path_factory):
     recipe.load(model, load_file(str(folder / "state.safetensors")))
     expected = fedtune_logits(model, recipe, test.inputs)
     [last] = [m for m in json.loads((folder / "metrics.json").read_text()) if m["round"] == 2]
-    return SimpleNamespace(out=tmp / "export", texts=texts, labels=torch.from_numpy(labels),
+    return SimpleNamespace(folder=folder, out=tmp / "export", texts=texts,
+                           labels=torch.from_numpy(labels),
                            expected=expected, tol=tolerance(expected, depth=6, width=1536),
                            accuracy=last["accuracy"], tokenizer=tokenizer,
                            class_names=json.loads(
@@ -450,3 +451,20 @@ def test_main_job_export_as_peft_adapter(main_job):
         logits = model(**inputs).logits
     torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
     assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+
+def test_main_job_plots_name_the_classes(main_job, tmp_path):
+    """The partition plot of the results folder and the notebooks' label-count plot put the
+    data set's class names in their legends (drawn from what the run recorded)."""
+    from fedtune_app.apps.plots import plot_partition
+    from fedtune_app.federated.strategy import ClientInfo
+    from fedtune_app.tools.analysis import load_run, plot_label_counts
+
+    run = load_run(main_job.folder)
+    assert run.class_names == tuple(main_job.class_names)
+    fig = plot_label_counts([run])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == main_job.class_names
+    clients = [ClientInfo(**(c | {"label_counts": tuple(c["label_counts"])}))
+               for c in run.clients]
+    assert plot_partition(clients, [], tmp_path / "partition.png",
+                          main_job.class_names) == main_job.class_names
