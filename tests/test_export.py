@@ -468,3 +468,41 @@ def test_main_job_plots_name_the_classes(main_job, tmp_path):
                for c in run.clients]
     assert plot_partition(clients, [], tmp_path / "partition.png",
                           main_job.class_names) == main_job.class_names
+
+
+@pytest.mark.parametrize("mean_pooled", [True, False], ids=["mean", "first-token"])
+def test_mpnet_mean_pooled_export_loads_and_first_token_is_refused(tmp_path, mean_pooled):
+    """MPNet (all-mpnet-base-v2's family): fedtune's head is one Linear on the pooled vector,
+    transformers' MPNet head is dense + tanh + out_proj. Mean-pooled: the shipped code's class
+    (and peft on its base/) give fedtune's logits; first-token: no loader fits, refused."""
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, MPNetConfig
+
+    path = tmp_path / "tiny-mpnet"
+    MPNetConfig(vocab_size=100, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=40).save_pretrained(path)
+    if mean_pooled:  # a sentence-transformers folder: its pooling config says mean
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(
+            json.dumps({"pooling_mode_mean_tokens": True}))
+    folder, cfg, model, recipe = fake_run(tmp_path, {"model": str(path), "model-source": "random",
+                                                     "capacities": "3,2", "max-length": 12})
+    if not mean_pooled:
+        with pytest.raises(ConfigError, match="no library loader fits this export: the run "
+                                              "reads MPNetForSequenceClassification's first"):
+            export_run(folder)
+        return
+    out = export_run(folder, merge=False)
+    ids = torch.randint(3, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, 7:], mask[1, 7:] = 1, 0  # MPNet's padding id
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=3, width=32)
+    adapter = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(out), trust_remote_code=True).eval()
+    assert type(adapter.get_base_model()).__name__ == "MeanPooledMPNetForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(adapter(**inputs).logits, expected, rtol=0, atol=tol)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        AutoModelForSequenceClassification.from_pretrained(str(out / "base"))

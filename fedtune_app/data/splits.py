@@ -415,8 +415,10 @@ def _read_prepared(path: Path) -> DataSplits | None:
 
 
 def class_names_of(cfg: dict) -> list[str]:
-    """The data set's class names in label order (exports' id2label, plots' legends)."""
-    return list(load_data(cfg).class_names)
+    """The data set's class names in label order (exports' id2label, plots' legends), from
+    its raw form: no model, no tokenizer."""
+    classes = list(_raw(cfg).classes)
+    return classes[: cfg["max-classes"]] if cfg["max-classes"] else classes
 
 
 def num_classes_of(cfg: dict) -> int:

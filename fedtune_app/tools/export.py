@@ -30,8 +30,10 @@ loader reads which):
         the export refuses unless ``--extras`` asks for these fedtune-only files.
     pooling.json
         how the classifier reads the encoder: ``mean`` (sentence-transformers checkpoints such as
-        all-MiniLM-L6-v2 are pooled by the token mean, which the Hugging Face classification
-        class does not do) or ``library`` (the library's own forward gives the logits).
+        all-MiniLM-L6-v2 and all-mpnet-base-v2 are pooled by the token mean, which the Hugging
+        Face classification class does not do) or ``library`` (the library's own forward gives
+        the logits). MPNet read at its first token is refused: our head there is one Linear
+        layer, transformers' MPNet head is dense + tanh + out_proj.
     README.md
         model card: method, data, classes, rounds, accuracy, the loaders, the run config.
 
@@ -63,9 +65,9 @@ from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.data.groups import group_config, group_of_name, group_specs, prefix
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.adapters import PEFT_ADAPTER
-from fedtune_app.model.backbones import (EncoderLayered, LayeredModel, ModelSpec, MeanPool,
-                                         build_backbone, hf_model_path, is_text_model,
-                                         tokenizer_for)
+from fedtune_app.model.backbones import (EncoderLayered, FirstToken, LayeredModel, MeanPool,
+                                         ModelSpec, build_backbone, hf_model_path,
+                                         is_text_model, tokenizer_for)
 
 _LORA = re.compile(r"^blocks\.(\d+)\.(.+)\.lora_([AB])\.weight$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -130,8 +132,12 @@ def library_name(backbone: LayeredModel, library: nn.Module, name: str) -> str:
 
 
 def pooling_of(backbone: LayeredModel) -> str:
-    return "mean" if isinstance(backbone, EncoderLayered) and \
-        isinstance(backbone.neck, MeanPool) else "library"
+    """``mean``: the token mean (shipped code); ``library``: the library class's own forward
+    computes the run's logits; ``first-token``: a Linear on the first token where the library's
+    head is another (MPNet's dense + tanh + out_proj), which no loader computes."""
+    if isinstance(backbone, EncoderLayered) and isinstance(backbone.neck, MeanPool):
+        return "mean"
+    return "first-token" if isinstance(backbone.neck, FirstToken) else "library"
 
 
 # -- mean pooling as code shipped beside the weights (transformers' trust_remote_code) ----------
@@ -151,6 +157,7 @@ The checkpoint's pooler stays (the encoder loads as it was published) but is unu
 """
 
 import torch
+from torch import nn
 from transformers import {config_class}, {base_class}, {library_class}
 from transformers.modeling_outputs import SequenceClassifierOutput
 
@@ -164,9 +171,17 @@ class {name}Model({base_class}):
 
 
 class {name}ForSequenceClassification({library_class}):
-    """{library_class} with the token mean in place of the first-token pooler."""
+    """{library_class} with the token mean in place of the first-token pooler, and dropout +
+    one Linear layer as the head (what was trained)."""
 
     config_class = {name}Config
+
+    def __init__(self, config):
+        super().__init__(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 **kwargs):
@@ -178,7 +193,7 @@ class {name}ForSequenceClassification({library_class}):
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         logits = self.classifier(self.dropout(pooled))
-        loss = None if labels is None else torch.nn.functional.cross_entropy(
+        loss = None if labels is None else nn.functional.cross_entropy(
             logits.view(-1, self.num_labels), labels.view(-1))
         return SequenceClassifierOutput(loss=loss, logits=logits)
 '''
@@ -324,6 +339,11 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
         raise ConfigError(f"--merge: run-config key 'adapter' = {cfg['adapter']!r}: only "
                           "LoRA adapters merge into the base weights (a bottleneck adapter "
                           "is non-linear); export without --merge")
+    if pooling == "first-token":
+        raise ConfigError(
+            f"no library loader fits this export: the run reads {type(library).__name__}'s "
+            "first token into one Linear layer, a head no library class has; train from a "
+            "mean-pooled (sentence-transformers) checkpoint to export it")
     if pooling == "mean":
         mean_pooling_names(library)  # refuse before writing anything where the code cannot fit
     out.mkdir(parents=True, exist_ok=True)
