@@ -390,7 +390,8 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
                         model_args=spec.kwargs, safe_serialization=True)
         written.append("merged/")
     return {"model": spec.name, "source": spec.source, "base": base, "pooling": pooling,
-            "text": is_text_model(spec), "lora": has_lora, "files": written}
+            "text": is_text_model(spec), "lora": has_lora, "files": written,
+            "num_classes": len(class_names)}
 
 
 def loaders(info: dict, where: str, max_length: int) -> list[str]:
@@ -414,14 +415,15 @@ def loaders(info: dict, where: str, max_length: int) -> list[str]:
         if "merged/" in info["files"]:
             lines += [f'pipeline("text-classification", model="{d}/merged")',
                       f'AutoModelForSequenceClassification.from_pretrained("{d}/merged")']
-        if info["lora"]:
-            lines.append(f'AutoPeftModelForSequenceClassification.from_pretrained("{d}")')
+        if info["lora"]:  # the base is the original checkpoint: give it the head's size
+            lines.append(f'AutoPeftModelForSequenceClassification.from_pretrained("{d}", '
+                         f'num_labels={info["num_classes"]})')
     else:
         if "merged/" in info["files"]:
             lines.append(f'timm.create_model("local-dir:{d}/merged")')
         if info["lora"]:
             lines.append(f'PeftModel.from_pretrained(timm.create_model("{info["base"]}", '
-                         f'pretrained=True, num_classes=N), "{d}")')
+                         f'pretrained=True, num_classes={info["num_classes"]}), "{d}")')
     if info["text"]:
         lines.append(f"# the run read the first {max_length} tokens of each text: "
                      f"pipeline(..., truncation=True, max_length={max_length})")
