@@ -49,7 +49,8 @@ Choices made here (the paper leaves them open):
   * Stage I runs ``local-epochs``, stage II ``fedbrick-stage2-epochs`` (the paper: "each
     performing one local epoch ... in both stages"; its Stage II text also says "only a few local
     steps": ``fedbrick-stage2-steps`` caps each stage-II epoch at that many batches), both at
-    ``lr`` with the run's ``optimizer``. E2 = stage II's optimizer steps; step e = 0..E2-1 uses alpha_e = 1 - e/E2
+    ``lr`` with the run's ``optimizer``. E2 = stage II's optimizer steps; step e = 0..E2-1
+    uses alpha_e = 1 - e/E2
     (1 at the first step; alpha_E2 = 0 would be the step after the last). Stage II's
     distillation term sees a_{l-1} detached (layer-wise: each BRICK learns its own block) and
     f_l's output as a fixed target. Stage II shuffles with seed + 1. The reported train loss is
