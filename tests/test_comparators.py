@@ -323,7 +323,8 @@ def test_feddf_server_distillation_on_real_group_models():
     from fedtune_app.methods.feddf import FedDF
     from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
-    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2})
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2,
+                          "feddf-distillation": "epochs"})
     model, recipe = build_global(cfg)
     state = recipe.initial_state(model, 0)
     clients = [ClientInfo(10 + i, i, 1, 10 * (i + 1), f"c{i}", model_group=g)
@@ -367,8 +368,66 @@ def test_feddf_server_distillation_on_real_group_models():
                    if n.startswith(f"groups.{g}."))
 
 
+class Scalar(nn.Module):
+    """logits = [w, 0] for every example: one trainable number."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x, plan):
+        return torch.stack([self.w.expand(len(x)), torch.zeros(len(x))], -1)
+
+
+def test_feddf_distillation_runs_its_steps_with_adam_and_cosine_annealing():
+    from fedtune_app.training.distill import distill_steps
+
+    model, public = Scalar(), Examples(torch.zeros(5, 1), torch.zeros(5, dtype=torch.long))
+    seen = []
+
+    def loss(z, t):  # d/dw = 1 for every batch: Adam's first step moves w by -lr exactly
+        seen.append(len(z))
+        return z[:, 0].mean()
+
+    taken = distill_steps(model, (), [model.w], public, np.zeros((5, 2)), loss, steps=7,
+                          lr=0.1, batch_size=2, seed=0, device=torch.device("cpu"))
+    # 5 examples in batches of 2: passes of 2, 2, 1 examples, reshuffled, until 7 steps
+    assert taken == 7 and seen == [2, 2, 1, 2, 2, 1, 2]
+    # constant gradient: every Adam step is -lr_t (m/sqrt(v) = 1, eps aside), lr_t cosine
+    lrs = [0.1 * (1 + math.cos(math.pi * t / 7)) / 2 for t in range(7)]
+    assert model.w.item() == pytest.approx(-sum(lrs), rel=1e-6)
+
+
+def test_feddf_early_stopping_keeps_the_best_validated_model():
+    from fedtune_app.training.distill import distill_steps
+
+    model, public = Scalar(), Examples(torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))
+    accuracies = iter([0.1, 0.5, 0.7, 0.6, 0.7, 0.9])  # at steps 0, 1, 2, 3, 4, 5
+    values = []
+
+    def validate():
+        values.append(model.w.item())
+        return next(accuracies)
+
+    taken = distill_steps(model, (), [model.w], public, np.zeros((4, 2)),
+                          lambda z, t: z[:, 0].mean(), steps=50, lr=0.1, batch_size=4,
+                          seed=0, device=torch.device("cpu"), validate=validate,
+                          eval_every=1, patience=2)
+    # best 0.7 at step 2; steps 3 and 4 do not beat it: 2 steps of patience, stop at 4
+    assert taken == 4
+    assert model.w.item() == values[2]  # the parameters validated at step 2 are kept
+    assert values[4] < values[2]  # (they did move on meanwhile)
+
+
+def test_feddf_defaults_are_its_papers():
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf"})
+    assert (cfg["feddf-distillation"], cfg["feddf-lr"], cfg["feddf-steps"],
+            cfg["feddf-patience"]) == ("paper", 1e-3, 10_000, 1000)
+
+
 def test_feddf_two_rounds_end_to_end(tmp_path):
-    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf"}, tmp_path)
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7},
+                                          tmp_path)
     metrics, state = results(folder)
     assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
     assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
