@@ -117,6 +117,29 @@ def test_flexifed_common_prefix_classes():
     assert keys["groups.0.head.w"] == keys["groups.1.head.w"]
 
 
+def test_flexifed_basic_and_clustered_common_by_hand():
+    # flexifed_state: groups 0 (2 blocks) and 1 (3 blocks) of one width, group 2 another width
+    keys = {s: common_keys(flexifed_state(), s) for s in ("basic-common", "clustered-common")}
+    # basic-common: no layer is common to ALL three (group 2 differs at block 0): none shared
+    basic = keys["basic-common"]
+    assert len({basic[f"groups.{g}.blocks.0.a"] for g in (0, 1, 2)}) == 3
+    # clustered-common: {0, 1} (same first layer) share their common prefix, blocks 0 and 1
+    clustered = keys["clustered-common"]
+    assert clustered["groups.0.blocks.1.a"] == clustered["groups.1.blocks.1.a"]
+    assert clustered["groups.2.blocks.0.a"] != clustered["groups.0.blocks.0.a"]
+    # one width, depths 2, 3, 4: max-common lets 3 and 4 share block 2 as well; clustered
+    # (and basic) share only the prefix all three have, blocks 0 and 1
+    z = f32(0, 0)
+    state = {f"groups.{g}.blocks.{j}.a": z for g, depth in enumerate((2, 3, 4))
+             for j in range(depth)}
+    most = common_keys(state, "max-common")
+    assert most["groups.1.blocks.2.a"] == most["groups.2.blocks.2.a"]
+    for strategy in ("basic-common", "clustered-common"):
+        keys = common_keys(state, strategy)
+        assert len({keys[f"groups.{g}.blocks.1.a"] for g in range(3)}) == 1
+        assert keys["groups.1.blocks.2.a"] != keys["groups.2.blocks.2.a"]
+
+
 def test_flexifed_max_common_mean_by_hand():
     state = flexifed_state()
     updates = [
