@@ -458,3 +458,31 @@ def test_feddf_two_rounds_end_to_end(tmp_path):
     head = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
     mean = sum(v.astype(np.float64) * k for v, k in head) / sum(k for _, k in head)
     assert not np.allclose(state["groups.0.head.weight"], mean)
+
+
+@pytest.mark.parametrize("keys, epochs", [({}, [3, 3]),
+                                          ({"pfedlora-model-epochs": 2,
+                                            "pfedlora-adapter-epochs": 5}, [2, 5])])
+def test_pfedlora_phase_lengths(keys, epochs):
+    from fedtune_app.data.groups import group_config
+    from fedtune_app.methods import recipe_for
+    from fedtune_app.model.backbones import ModelSpec
+
+    cfg = resolve_config({**TWO_GROUPS, "method": "pfedlora", "local-epochs": 3,
+                          "batch-size": 4, **keys})
+    recipe = recipe_for(cfg, 0)
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    plan = tuple(range(model.num_blocks))
+    params = recipe.trainables(model, plan)
+    cores = [p for n, p in params.items() if ".lora_C." in n]
+    data = load_data(cfg).train.subset(range(4))  # 4 examples, batch 4: one step per epoch
+    steps = []  # per optimizer step: does C train in it?
+
+    def loss_fn(inputs, labels):
+        steps.append(cores[0].requires_grad)
+        return nn.functional.cross_entropy(model(inputs, plan), labels)
+
+    recipe.fit(model, plan, params, data, seed=0, device=torch.device("cpu"),
+               loss_fn=loss_fn, server_round=1)
+    # phase 1: the local part with C frozen; phase 2: C alone
+    assert steps == [False] * epochs[0] + [True] * epochs[1]
