@@ -27,7 +27,7 @@ register_keys("the public set and distillation of FedMD and FedDF", {
     "distill-epochs": Key(1, "FedMD digest / FedDF server distillation with "
                           "feddf-distillation = epochs: epochs over the public set per round",
                           minimum=1),
-    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
+    "distill-lr": Key(0.01, "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)",
                       minimum=0),
 })
 
@@ -72,7 +72,9 @@ def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: 
     from fedtune_app.training.local import train_local
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
-    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"]}
+    # SGD whatever the run's local optimizer: distill-lr is an SGD rate (FedMD's digest)
+    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"],
+                 "optimizer": "sgd"}
     return train_local(model, params, indexed(public), run, seed=seed, device=device,
                        loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))
 
