@@ -497,8 +497,8 @@ HOLDOUTS: dict[str, str] = {}
 
 def holds_out_proxy(cfg: dict) -> bool:
     """Is the server's proxy split taken out of the clients' data in this run?"""
-    return cfg["proxy-fraction"] > 0 and (HOLDOUTS.get(cfg["method"]) == "proxy"
-                                          or cfg["proxy-for-all-methods"])
+    return cfg["proxy-fraction"] > 0 and cfg["proxy-held-out"] and \
+        (HOLDOUTS.get(cfg["method"]) == "proxy" or cfg["proxy-for-all-methods"])
 
 
 def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
