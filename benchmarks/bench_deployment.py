@@ -6,6 +6,11 @@ then each round's seconds (``metrics.json``) compared.
     .venv/bin/python benchmarks/bench_deployment.py \
         [--run-config 'num-server-rounds=2 train-subset=240 test-subset=100'] [--only deployed]
 
+``--workers yes`` starts one ``fedtune node-worker`` beside each SuperNode (node config
+``worker-address``/``worker-authkey-file``): messages are then served by a warm process;
+``--workers both`` runs the deployment cold and warm. Flower's SuperExec task poll interval is
+taken from ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` in the environment (default 1 s).
+
 Target: a deployed round at most 1.5x the simulated round. Both runs write their results under
 ``--workdir``; the SuperLink, SuperNodes and the simulation's local SuperLink are stopped after.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,12 +42,27 @@ def results_folder(output: str) -> Path:
     return Path(lines[-1].split(" ", 1)[1].strip())
 
 
-def deployed(run_config: str, workdir: Path, nodes: int, timeout: float) -> list[float]:
+def deployed(run_config: str, workdir: Path, nodes: int, timeout: float,
+             workers: bool = False) -> list[float]:
     # one machine: the nodes share one node-local folder (layered checkpoint, data cache)
     configs = [f"partition-id={i} num-partitions={nodes} data-dir=\"{workdir}/node-data\""
                for i in range(nodes)]
-    results = workdir / "deployed"
-    with LocalDeployment(workdir / "deploy", configs, name="bench") as deployment:
+    label = "deployed-warm" if workers else "deployed"
+    results = workdir / label
+    deploy = workdir / label.replace("deployed", "deploy")
+    deploy.mkdir(parents=True, exist_ok=True)
+    key = deploy / "worker.key"
+    if workers:  # one long-lived node worker per SuperNode, as `fedtune node-worker` beside it
+        configs = [f'{c} worker-address="{deploy}/worker-{i}.sock" worker-authkey-file="{key}"'
+                   for i, c in enumerate(configs)]
+    deployment = LocalDeployment(deploy, configs, name="bench")
+    deployment.env["PYTHONPATH"] = str(ROOT)
+    if workers:
+        for i in range(nodes):
+            deployment._spawn(f"worker-{i}", [
+                "python", "-m", "fedtune_app.tools.cli", "node-worker", "--address",
+                f"{deploy}/worker-{i}.sock", "--authkey-file", str(key)])
+    with deployment:
         started = time.perf_counter()
         done = deployment.run(f'{run_config} min-nodes={nodes} results-dir="{results}"',
                               timeout=timeout)
@@ -71,6 +92,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=6, help="the default job's six clients")
     parser.add_argument("--workdir", default="bench-deployment")
     parser.add_argument("--only", choices=("deployed", "simulated"))
+    parser.add_argument("--workers", choices=("no", "yes", "both"), default="no",
+                        help="deployed with a warm node worker per SuperNode (yes), without "
+                             "(no: a fresh ClientApp process per message), or both")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--app", default=str(ROOT), help="the checkout the simulation runs")
     args = parser.parse_args()
@@ -78,16 +102,27 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     rows = {}
     if args.only != "simulated":
-        rows["deployed"] = deployed(args.run_config, workdir, args.nodes, args.timeout)
+        if args.workers in ("no", "both"):
+            rows["deployed"] = deployed(args.run_config, workdir, args.nodes, args.timeout)
+        if args.workers in ("yes", "both"):
+            rows["deployed-warm"] = deployed(args.run_config, workdir, args.nodes, args.timeout,
+                                             workers=True)
     if args.only != "deployed":
         rows["simulated"] = simulated(args.run_config, workdir, args.timeout,
                                       Path(args.app).resolve())
     for name, seconds in rows.items():
         print(f"{name:>10}: round seconds {', '.join(f'{s:.1f}' for s in seconds)}")
-    if len(rows) == 2:
-        ratios = [d / s for d, s in zip(rows["deployed"], rows["simulated"])]
-        print(f"deployed / simulated per round: {', '.join(f'{r:.2f}' for r in ratios)} "
-              "(target <= 1.5)")
+    for name in ("deployed", "deployed-warm"):
+        if name in rows and "simulated" in rows:
+            ratios = [d / s for d, s in zip(rows[name], rows["simulated"])]
+            print(f"{name} / simulated per round: {', '.join(f'{r:.2f}' for r in ratios)} "
+                  "(target <= 1.5)")
+    out = workdir / "bench_deployment.json"
+    out.write_text(json.dumps({"run-config": args.run_config, "rounds": rows,
+                               "poll-interval": os.environ.get(
+                                   "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0 (default)"),
+                               "load": os.getloadavg()}, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
