@@ -76,37 +76,47 @@ def test_without_a_worker_the_clientapp_handles_the_message_itself(tmp_path, cap
         assert f"node worker at {tmp_path / 'none.sock'} not reachable" in caplog.text
 
 
-def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog):
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """One worker process for the tests of this module that talk to it directly."""
+    folder = tmp_path_factory.mktemp("worker")
+    proc, sock, key = start_worker(folder)
+    yield proc, sock, key, folder / "worker.log"
+    stop_worker(proc)
+
+
+def served_by(log: Path) -> list[tuple[str, str]]:
+    return re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
+
+
+def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
+                                                                          worker):
     from fedtune_app.apps.client import handle_query
 
-    proc, sock, key = start_worker(tmp_path)
-    try:
-        node = {"partition-id": 1, "num-partitions": 2, "capacity": 2,
-                "data-dir": str(tmp_path / "node"), "worker-address": str(sock),
-                "worker-authkey-file": str(key)}
-        msg, context = query_message(node)
-        reply = delegate("query", msg, context)
-        assert reply is not None and reply.metadata.reply_to_message_id == "q"
-        here = handle_query(*query_message(node))
-        assert dict(reply.content["info"]) == dict(here.content["info"])
-        assert reply.content["info"]["capacity"] == 2
-        # a ClientApp with another key is refused (and the worker keeps serving)
-        other = tmp_path / "other.key"
-        read_authkey(other, create=True)
-        with caplog.at_level(logging.WARNING, logger="flwr"):
-            assert delegate("query", *query_message({**node, "worker-authkey-file":
-                                                     str(other)})) is None
-        assert "refused" in caplog.text or "not reachable" in caplog.text
-        assert delegate("query", *query_message(node)) is not None
-        # a handler's error comes back as an error of this message, not a dead worker
-        with pytest.raises(RuntimeError, match="partition-id=5 is outside 0..1"):
-            delegate("query", *query_message({**node, "partition-id": 5}))
-        assert delegate("query", *query_message(node)) is not None
-    finally:
-        stop_worker(proc)
-    served = re.findall(r"pid=(\d+) served query message (\d+)",
-                        (tmp_path / "worker.log").read_text())
-    assert {pid for pid, _ in served} == {str(proc.pid)} and len(served) == 4
+    proc, sock, key, log = worker
+    before = len(served_by(log))
+    node = {"partition-id": 1, "num-partitions": 2, "capacity": 2,
+            "data-dir": str(tmp_path / "node"), "worker-address": str(sock),
+            "worker-authkey-file": str(key)}
+    msg, context = query_message(node)
+    reply = delegate("query", msg, context)
+    assert reply is not None and reply.metadata.reply_to_message_id == "q"
+    here = handle_query(*query_message(node))
+    assert dict(reply.content["info"]) == dict(here.content["info"])
+    assert reply.content["info"]["capacity"] == 2
+    # a ClientApp with another key is refused (and the worker keeps serving)
+    other = tmp_path / "other.key"
+    read_authkey(other, create=True)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert delegate("query", *query_message({**node, "worker-authkey-file":
+                                                 str(other)})) is None
+    assert "refused" in caplog.text or "not reachable" in caplog.text
+    assert delegate("query", *query_message(node)) is not None
+    # a handler's error comes back as an error of this message, not a dead worker
+    with pytest.raises(RuntimeError, match="partition-id=5 is outside 0..1"):
+        delegate("query", *query_message({**node, "partition-id": 5}))
+    assert delegate("query", *query_message(node)) is not None
+    assert served_by(log)[before:] == [(str(proc.pid), "query")] * 4
 
 
 def train_message(cfg: dict, plan: tuple, server_round: int):
@@ -128,7 +138,7 @@ def train_message(cfg: dict, plan: tuple, server_round: int):
     return msg
 
 
-def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path):
+def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path, worker):
     """Three messages of one node to one worker (its model, blocks and data kept between them)
     against the same messages handled in process, each by a fresh model as a fresh
     ``flwr-clientapp`` process would (seed 0, plans (0, 2) then (1, 2, 3))."""
@@ -137,25 +147,23 @@ def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path
     from fedtune_app.apps import client
     from fedtune_app.methods import resolve_config
 
-    proc, sock, key = start_worker(tmp_path)
+    proc, sock, key, log = worker
+    before = len(served_by(log))
     node = {"partition-id": 0, "num-partitions": 2, "capacity": 3,
             "data-dir": str(tmp_path / "node"), "worker-address": str(sock),
             "worker-authkey-file": str(key)}
     cfg = resolve_config({"preset": "smoke"})
-    try:
-        warm, cold = [], []
-        for kind, plan, server_round in (("query", None, 0), ("train", (0, 2), 1),
-                                         ("train", (1, 2, 3), 2)):
-            msg, context = query_message(node)
-            if kind == "train":
-                msg = train_message(cfg, plan, server_round)
-            reply = delegate(kind, msg, context)
-            client._MODELS.clear()  # in process: a fresh model, as in a fresh process
-            here = (client.handle_query if kind == "query" else client.handle_train)(msg, context)
-            warm.append(reply.content)
-            cold.append(here.content)
-    finally:
-        stop_worker(proc)
+    warm, cold = [], []
+    for kind, plan, server_round in (("query", None, 0), ("train", (0, 2), 1),
+                                     ("train", (1, 2, 3), 2)):
+        msg, context = query_message(node)
+        if kind == "train":
+            msg = train_message(cfg, plan, server_round)
+        reply = delegate(kind, msg, context)
+        client._MODELS.clear()  # in process: a fresh model, as in a fresh process
+        here = (client.handle_query if kind == "query" else client.handle_train)(msg, context)
+        warm.append(reply.content)
+        cold.append(here.content)
     for ours, theirs in zip(warm, cold):
         if "metrics" in theirs:  # timings and process facts differ; what was computed may not
             for name in ("fit-seconds", "train-seconds", "pid", "peak-rss-mb", "torch-threads",
@@ -164,9 +172,8 @@ def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path
         assert recorddict_to_proto(ours).SerializeToString() == \
             recorddict_to_proto(theirs).SerializeToString()
     assert warm[1]["arrays"].keys() != warm[2]["arrays"].keys()  # two different plans trained
-    served = re.findall(r"pid=(\d+) served (\w+) message", (tmp_path / "worker.log").read_text())
-    assert served == [(str(proc.pid), "query"), (str(proc.pid), "train"),
-                      (str(proc.pid), "train")]
+    assert served_by(log)[before:] == [(str(proc.pid), "query"), (str(proc.pid), "train"),
+                                       (str(proc.pid), "train")]
 
 
 @pytest.fixture(scope="module")
@@ -199,11 +206,9 @@ def test_a_deployed_node_is_served_by_its_warm_worker_the_other_falls_back(tmp_p
             folder = finished_run(dep, tmp_path / "results")
     finally:
         stop_worker(worker)
-    served = re.findall(r"pid=(\d+) served (\w+) message",
-                        (tmp_path / "worker-0.log").read_text())
     # the start-up query and both rounds' train messages, all by the one worker process
-    assert served == [(str(worker.pid), "query"), (str(worker.pid), "train"),
-                      (str(worker.pid), "train")]
+    assert served_by(tmp_path / "worker-0.log") == [
+        (str(worker.pid), "query"), (str(worker.pid), "train"), (str(worker.pid), "train")]
     rounds = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in rounds] == [1, 2]
     assert [m["client-metrics"]["0"]["pid"] for m in rounds] == [worker.pid] * 2

@@ -130,7 +130,8 @@ class PublishedBlocks:
             raise ConfigError(f"layered-url {url}: the published checkpoint is of model "
                               f"{self.manifest.get('model')}, this run's is {_identity(spec)}")
         self.data_url = urljoin(url, self.manifest["file"])
-        self.ranges = part_ranges(self._header())
+        self.header = self._header()
+        self.ranges = part_ranges(self.header)
 
     # ranged HTTP with requests: only the bytes asked for are read
     def _get(self, url: str, byte_range: tuple[int, int] | None = None):
@@ -229,8 +230,8 @@ class PublishedBlocks:
     def _part_header(self, key: str) -> bytes:
         """A safetensors header for the part's tensors alone, their offsets re-based onto the
         concatenation of the part's ranges (file order kept)."""
-        header = read_header(self._header())
-        (length,) = struct.unpack("<Q", self._header()[:8])
+        header = read_header(self.header)
+        (length,) = struct.unpack("<Q", self.header[:8])
         base = 8 + length
         starts, position = {}, 0
         for begin, end in self.ranges[key]:
