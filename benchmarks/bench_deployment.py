@@ -9,7 +9,8 @@ then each round's seconds (``metrics.json``) compared.
 ``--workers yes`` starts one ``fedtune node-worker`` beside each SuperNode (node config
 ``worker-address``/``worker-authkey-file``): messages are then served by a warm process;
 ``--workers both`` runs the deployment cold and warm. Flower's SuperExec task poll interval is
-taken from ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` in the environment (default 1 s).
+``--poll-interval`` (else ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` of the environment; Flower's
+default 1 s).
 
 Target: a deployed round at most 1.5x the simulated round. Both runs write their results under
 ``--workdir``; the SuperLink, SuperNodes and the simulation's local SuperLink are stopped after.
@@ -29,6 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.localdeploy import LocalDeployment  # noqa: E402
+
+
+POLL_INTERVAL = ""
 
 
 def round_seconds(folder: Path) -> list[float]:
@@ -57,6 +61,8 @@ def deployed(run_config: str, workdir: Path, nodes: int, timeout: float,
                    for i, c in enumerate(configs)]
     deployment = LocalDeployment(deploy, configs, name="bench")
     deployment.env["PYTHONPATH"] = str(ROOT)
+    if POLL_INTERVAL:  # Flower's SuperExec task poll (default 1 s), SuperLink and SuperNodes
+        deployment.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = POLL_INTERVAL
     if workers:
         for i in range(nodes):
             deployment._spawn(f"worker-{i}", [
@@ -97,7 +103,12 @@ def main() -> None:
                              "(no: a fresh ClientApp process per message), or both")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--app", default=str(ROOT), help="the checkout the simulation runs")
+    parser.add_argument("--poll-interval", default="",
+                        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the deployed processes, "
+                             "seconds (Flower's default: 1)")
     args = parser.parse_args()
+    global POLL_INTERVAL
+    POLL_INTERVAL = args.poll_interval or os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "")
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     rows = {}
@@ -117,10 +128,9 @@ def main() -> None:
             ratios = [d / s for d, s in zip(rows[name], rows["simulated"])]
             print(f"{name} / simulated per round: {', '.join(f'{r:.2f}' for r in ratios)} "
                   "(target <= 1.5)")
-    out = workdir / "bench_deployment.json"
+    out = workdir / f"bench_deployment{'-poll-' + POLL_INTERVAL if POLL_INTERVAL else ''}.json"
     out.write_text(json.dumps({"run-config": args.run_config, "rounds": rows,
-                               "poll-interval": os.environ.get(
-                                   "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0 (default)"),
+                               "poll-interval": POLL_INTERVAL or "1 (default)",
                                "load": os.getloadavg()}, indent=1))
     print(f"wrote {out}")
 

@@ -80,15 +80,12 @@ def child(preset: str) -> dict:
 # -- one node's per-message overhead, cold (a fresh process does the work) and warm (a fresh
 #    process hands the message to the node worker) ------------------------------------------
 def node_context(preset: str, node_config: dict):
+    """The context Flower gives the ClientApp (built without importing torch, as Flower does:
+    ``node_config`` carries num-partitions)."""
     from flwr.app import Context, RecordDict
 
-    from fedtune_app.data.scenarios import client_capacities
-    from fedtune_app.methods import resolve_config
-
-    run_config = {"preset": preset}
-    clients = len(client_capacities(resolve_config(run_config)))
-    return Context(run_id=1, node_id=5, state=RecordDict(), run_config=run_config,
-                   node_config={"partition-id": 0, "num-partitions": clients, **node_config})
+    return Context(run_id=1, node_id=5, state=RecordDict(), run_config={"preset": preset},
+                   node_config={"partition-id": 0, **node_config})
 
 
 def write_train_message(preset: str, path: Path) -> None:
@@ -141,7 +138,11 @@ def per_message(args, app: Path, env: dict) -> None:
     work = Path(tempfile.mkdtemp(prefix="clientapp-messages-"))
     message = work / "train.pb"
     write_train_message(args.preset, message)
-    base = {"data-dir": str(work / "node")}
+    from fedtune_app.data.scenarios import client_capacities
+    from fedtune_app.methods import resolve_config
+
+    clients = len(client_capacities(resolve_config({"preset": args.preset})))
+    base = {"data-dir": str(work / "node"), "num-partitions": clients}
 
     def send(node_config: dict) -> dict:
         start = time.perf_counter()
