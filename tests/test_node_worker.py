@@ -66,7 +66,10 @@ def query_message(node_config: dict):
 
 
 def test_without_a_worker_the_clientapp_handles_the_message_itself(tmp_path, caplog):
+    from fedtune_app.apps import node_worker
+
     node = {"partition-id": 0, "num-partitions": 2, "data-dir": str(tmp_path)}
+    node_worker._SAID_NO_WORKER.clear()  # said once per process: another test may have
     with caplog.at_level(logging.INFO, logger="flwr"):
         assert delegate("query", *query_message(node)) is None
         assert "no node worker configured" in caplog.text

@@ -45,6 +45,7 @@ from fedtune_app.config import ConfigError
 log = logging.getLogger("flwr")
 ADDRESS_KEY, AUTHKEY_KEY = "worker-address", "worker-authkey-file"
 KINDS = ("query", "train")
+_SAID_NO_WORKER: list = []
 
 
 def parse_address(text: str):
@@ -88,8 +89,10 @@ def delegate(kind: str, msg: Message, context: Context) -> Message | None:
     process."""
     node_config = context.node_config
     if ADDRESS_KEY not in node_config:
-        log.info("fedtune: no node worker configured (node config %s): handling the %s message "
-                 "in this process", ADDRESS_KEY, kind)
+        if not _SAID_NO_WORKER:  # once per process: a simulation actor serves many messages
+            _SAID_NO_WORKER.append(True)
+            log.info("fedtune: no node worker configured (node config %s): handling the %s "
+                     "message in this process", ADDRESS_KEY, kind)
         return None
     address = node_config[ADDRESS_KEY]
     try:
