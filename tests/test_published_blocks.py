@@ -189,3 +189,35 @@ def test_the_manifest_hashes_every_part_of_the_file(published):
     # the parts cover the data section exactly once
     assert sum(p["bytes"] for p in info["parts"].values()) == \
         len(raw) - 8 - header_length(data)
+
+
+def test_a_federation_whose_nodes_fetch_their_blocks_gives_the_same_run(tmp_path):
+    """The smoke preset's FedRA run (in process, 3 nodes) with ``layered-url``: the nodes fetch
+    their blocks over HTTP and the run is bit-identical to the nodes building their layered
+    checkpoint themselves."""
+    from safetensors.numpy import load_file
+
+    from fedtune_app.apps.inprocess import run_inprocess
+    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.model.backbones import ModelSpec
+
+    cfg = resolve_config({"preset": "smoke"})
+    data, manifest, sha = publish(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+                                  tmp_path / "public")
+    runs = {}
+    with RangeServer(data.parent) as server:
+        for name, extra in (("built", {}), ("fetched", {"layered-url": server.url + manifest.name,
+                                                        "layered-sha256": sha})):
+            runs[name] = Path(run_inprocess({
+                "preset": "smoke", "results-dir": str(tmp_path / name),
+                "checkpoint-dir": str(tmp_path / f"cache-{name}"), **extra}))
+    assert {p for p, _, _, _ in server.sent} >= {f"/{manifest.name}", f"/{data.name}"}
+    fetched = tmp_path / "cache-fetched" / "layered"
+    assert [p.name for p in fetched.iterdir()] == [sha[:20]]  # no checkpoint built by a node
+    assert (fetched / sha[:20] / "rest.safetensors").is_file()
+    built, ours = (json.loads((runs[n] / "metrics.json").read_text()) for n in ("built", "fetched"))
+    assert [(m["train-loss"], m["loss"], m["accuracy"]) for m in ours] == \
+        [(m["train-loss"], m["loss"], m["accuracy"]) for m in built]
+    a, b = (load_file(str(runs[n] / "state.safetensors")) for n in ("built", "fetched"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
