@@ -487,7 +487,8 @@ HOLDOUTS: dict[str, str] = {}
 def holds_out_proxy(cfg: dict) -> bool:
     """Is the server's proxy split taken out of the clients' data in this run?"""
     return cfg["proxy-fraction"] > 0 and (HOLDOUTS.get(cfg["method"]) == "proxy"
-                                          or cfg["proxy-for-all-methods"])
+                                          or cfg["proxy-for-all-methods"]
+                                          or cfg["aggregator"] == "fltrust")  # its root set
 
 
 def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
