@@ -370,3 +370,47 @@ def test_each_adaptive_attack_stays_inside_screening(attack, attackers):
             ups = [ClientUpdate(k, {n: sent[k][n] + d for n, d in t.items()}, 1)
                    for k, t in louder.items()]
             assert a in screen(honest + ups, sent, c)
+
+
+# -- whole runs: an in-bound attacker against each defence -----------------------------------
+def attack_grid(attack, attackers=(0,)):
+    from fedtune_app.tools.attacks import AttackGrid
+
+    return lambda app, nodes, rc, faults: AttackGrid(app, nodes, rc, resolve_config(rc),
+                                                     attack, list(attackers))
+
+
+def distance(a, b):
+    return float(np.sqrt(sum(np.sum((a[n].astype(np.float64) - b[n]) ** 2) for n in b)))
+
+
+# five clients with enough capacity for 3 holders of each of the 4 blocks (sum 14 >= 12)
+COVERED = TWO_ROUNDS | {"capacities": "4,3,3,2,2", "min-holders": 3}
+
+
+@pytest.mark.parametrize("defence", [
+    {"aggregator": "fltrust"}, COVERED | {"aggregator": "centred-clip"},
+    COVERED | {"aggregator": "multi-krum"}, COVERED | {"aggregator": "median"},
+    COVERED | {"aggregator": "bulyan", "capacities": "4,3,3,2,2,2,2"}])
+def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):
+    """Client 0 sends its update sign-flipped and scaled up to screening's bounds (never
+    rejected): under the mean it drags the state far away; under each defence the state ends no
+    further from the run without client 0's replies than the honest run does (the attacker
+    weighs no more than an honest client). FLTrust gives it trust 0: exactly the dropped run."""
+    from flwr.app import MessageType
+
+    drop = {0: lambda msg, reply: None if msg.metadata.message_type == MessageType.TRAIN
+            else reply}
+    keys = TWO_ROUNDS | defence
+    attacked = run(tmp_path / "a", grid_class=attack_grid("flip-in-bound"), **keys)
+    assert all(not r["rejected"] for r in records(attacked))  # in bound: never rejected
+    dropped = final_state(run(tmp_path / "d", faults=drop, **keys))
+    honest = distance(final_state(run(tmp_path / "h", **keys)), dropped)
+    undefended = distance(final_state(run(tmp_path / "m", grid_class=attack_grid(
+        "flip-in-bound"), **keys | {"aggregator": "mean"})), dropped)
+    got = distance(final_state(attacked), dropped)
+    assert undefended > 5 * honest
+    if defence["aggregator"] == "fltrust":
+        assert got <= 1e-6 * honest
+    else:
+        assert got <= 1.5 * honest, (got, honest, undefended)

@@ -36,6 +36,29 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
                  adaptive bound), then the example-weighted mean
+  fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
+                 block) for one local round on its root set, the proxy split held out of every
+                 client's data (``proxy-fraction``), giving its update g; client i's trust score
+                 is ReLU(cos(Delta_i, g)) over the tensors it held (g masked to its plan); each
+                 holder's update of t is rescaled to ||g_t|| and the trust-weighted mean taken.
+                 No trusted holder: t does not move. Example counts are not used.
+  centred-clip   centred clipping (Karimireddy, He and Jaggi, ICML 2021, Alg. 2):
+                 v <- v + mean_i clip_tau(Delta_i - v), ``cc-iterations`` times, from v = the
+                 previous round's aggregated update of t (server momentum: the history the rule
+                 is centred on; kept in the checkpoint); tau = ``cc-tau`` or, 0, the holders'
+                 median distance to v. Unweighted. The paper's worker momentum is not here:
+                 clients are sampled and keep no state; a local round of several steps plays
+                 its part of averaging out the noise.
+  multi-krum     (Blanchard et al., NeurIPS 2017) the mean of the n - f updates of lowest Krum
+                 score (sum of squared distances to the n - f - 2 nearest), f = ``krum-f``,
+                 computed per tensor over its n holders; needs n >= 2f + 3
+  bulyan         (El Mhamdi et al., ICML 2018) n - 2f updates picked by Krum one at a time, then
+                 per coordinate the mean of the n - 4f values nearest the median; n >= 4f + 3
+                 multi-krum and bulyan with fewer holders than they need: the coordinate-wise
+                 median (their guarantee is void there, as the median's with 1 or 2 holders).
+
+Coverage (``min-holders`` k > 1, FedRA): the allocation holds every block with at least k of
+the round's clients (``allocation.k_cover_plans``), so that every rule above has k values.
 
 Client-level DP (``dp-noise-multiplier`` > 0; DP-FedAvg, McMahan et al., ICLR 2018): each
 client's whole update (all tensors it sent, as one vector) is clipped to L2 norm
