@@ -70,3 +70,20 @@ def test_depth_policies():
 def test_capacity_outside_one_to_L_is_rejected_with_the_allowed_range(bad):
     with pytest.raises(ConfigError, match=r"'capacities'.*allowed: 1\.\.12"):
         check_capacities(bad, 12)
+
+
+def test_k_cover_every_block_k_holders():
+    from fedtune_app.federated.allocation import k_cover_plans
+
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        plans = k_cover_plans([3, 2, 2, 2, 1], 4, rng, k=2)
+        m = allocation_matrix(plans, 4)
+        assert m.sum(axis=1).tolist() == [3, 2, 2, 2, 1] and m.sum(axis=0).min() >= 2
+        # capacities summing to exactly k L: every block exactly k holders
+        exact = allocation_matrix(k_cover_plans([2, 2, 2, 2, 1, 3], 4, rng, k=3), 4)
+        assert exact.sum(axis=0).tolist() == [3, 3, 3, 3]
+    with pytest.raises(ConfigError, match="'min-holders' = 3.*sum 10"):
+        k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)  # 10 < 12
+    with pytest.raises(ConfigError, match="'min-holders' = 3"):
+        k_cover_plans([4, 4], 4, np.random.default_rng(0), k=3)  # 2 clients
