@@ -44,6 +44,12 @@ def covering_plans(capacities, num_layers: int, rng: np.random.Generator) -> lis
     held = [set() for _ in capacities]
     for block, client in zip(rng.permutation(num_layers), slots):
         held[client].add(int(block))
+    return fill_to_capacity(held, capacities, num_layers, rng)
+
+
+def fill_to_capacity(held: list[set], capacities, num_layers: int,
+                     rng: np.random.Generator) -> list[Plan]:
+    """Each client tops up the blocks it was dealt with a uniform subset of those it lacks."""
     for client, c in enumerate(capacities):
         lacking = np.array(sorted(set(range(num_layers)) - held[client]))
         extra = c - len(held[client])
@@ -74,12 +80,7 @@ def k_cover_plans(capacities, num_layers: int, rng: np.random.Generator, k: int)
         run = sequence[start:start + capacities[client]]
         held[client].update(int(b) for b in run)
         start += len(run)
-    for client, c in enumerate(capacities):
-        lacking = np.array(sorted(set(range(num_layers)) - held[client]))
-        extra = c - len(held[client])
-        if extra:
-            held[client].update(rng.choice(lacking, size=extra, replace=False).tolist())
-    return [tuple(sorted(h)) for h in held]
+    return fill_to_capacity(held, capacities, num_layers, rng)
 
 
 def prefix_plans(capacities, num_layers: int, rng=None) -> list[Plan]:
