@@ -196,7 +196,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert row["verdict"].verdict == expected
 
     report = tmp_path / "claims.md"
-    cl.write_report(("smoke",), report, store)
+    cl.write_report(("smoke",), report, store, readme=None)
     text = report.read_text()
     assert f"`{smoke_claim.id}`" in text and expected in text
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
