@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune_app.config import KEYS, load_preset, parse_int_list
-from fedtune_app.tools.claims_registry import (ARMS, CLAIMS, METRIC_NOTE, SETTINGS, Claim,
-                                               claim_arms, claim_settings, tiers_of)
+from fedtune_app.tools.claims_registry import (ARMS, CLAIMS, CPU_BASE, METRIC_NOTE, SETTINGS,
+                                               Claim, claim_arms, claim_settings, tiers_of)
 from fedtune_app.tools import claims_stats as cs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -369,13 +369,16 @@ def _continue(tier: str) -> str:
 
 
 TIER_TEXT = {
-    "cpu": "all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News: 240 "
-           "training articles (stratified subset of the fixed 80/20 split) over 6 clients with "
-           "Dirichlet(0.5) label skew, the whole test split (445 articles), 32 tokens, batch 8, "
-           "1 local epoch, SGD lr 0.01 (momentum 0.9, weight decay 1e-5, clip 10) for every "
-           "method: the papers' own rate, not tuned, with more rounds (30) than the main job's "
-           "short 0.05 run; evaluated every 3 rounds. Capacity shapes of each table scaled "
-           "from 12 to 6 blocks (each setting says how).",
+    "cpu": "all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News: "
+           f"{CPU_BASE['train-subset']} training articles (stratified subset of the fixed 80/20 "
+           "split; 5% of them held out as FedBRICK's server proxy for every method) over 6 "
+           "clients with Dirichlet(0.5) label skew, the whole test split (445 articles), "
+           f"{CPU_BASE['max-length']} tokens, batch {CPU_BASE['batch-size']}, 1 local epoch, SGD "
+           "lr 0.01 (momentum 0.9, weight decay 1e-5, clip 10) for every method: the papers' own "
+           "rate, never tuned, with more rounds than the main job's short 0.05 run "
+           f"({CPU_BASE['num-server-rounds']} rounds, evaluated every "
+           f"{CPU_BASE['eval-every']}). Capacity shapes of each table scaled from 12 to 6 "
+           "blocks (each setting says how).",
     "gpu": "The papers' depth on real weights: the `mpnet-*` presets (all-mpnet-base-v2, 12 "
            "blocks x 768, BBC News, 256 tokens, 100 rounds, batch 128, lr 0.01) and the "
            "HeteroTune decoder presets (`heterotune-t3-glue-*`: LLaMA-3.2-1B + 3B, bf16, GLUE "
