@@ -48,7 +48,8 @@ MAX_SEEDS = 10  # the report looks for seeds 0..MAX_SEEDS-1
 DEPTH = {"cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones (AllLarge's plan)
 # keys that change where or how often a run writes, not what it computes
 BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset", "device",
-               "data-workers", "eval-batch-size", "round-timeout", "min-nodes", "checkpoint-dir"}
+               "data-workers", "eval-batch-size", "round-timeout", "min-nodes", "checkpoint-dir",
+               "data-dir"}
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def match_claims(patterns: list[str], tier: str) -> list[Claim]:
 
 
 def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
-              store: Path = STORE) -> list[RunSpec]:
+              store: Path = STORE, extra: dict | None = None) -> list[RunSpec]:
     """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
     a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed."""
     runs: dict[str, RunSpec] = {}
@@ -147,7 +148,8 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
         for seed in range(max(need.values())):
             for setting, arm in pairs:
                 if seed < need[setting, arm]:
-                    spec = RunSpec(tier, setting, arm, seed, run_config(tier, setting, arm, seed))
+                    keys = run_config(tier, setting, arm, seed) | (extra or {})
+                    spec = RunSpec(tier, setting, arm, seed, keys)
                     runs.setdefault(spec.hash, spec)
     return list(runs.values())
 
@@ -197,12 +199,14 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE) -> dict
 
 
 def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
-               store: Path = STORE, results: Path = RESULTS, log=print) -> list[dict]:
+               store: Path = STORE, results: Path = RESULTS, log=print,
+               extra: dict | None = None) -> list[dict]:
     """Run whatever the claims still need (finished runs are found by hash and skipped), one
-    progress bar with an ETA over every round of the runs left; the records of all runs."""
+    progress bar with an ETA over every round of the runs left; the records of all runs.
+    ``extra``: keys for every run, e.g. {"data-dir": ...} (where the paper tier's data is)."""
     from fedtune_app.apps.inprocess import progress
 
-    specs = plan_runs(patterns, tier, seeds, store)
+    specs = plan_runs(patterns, tier, seeds, store, extra)
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} runs, {len(specs) - len(todo)} already done, {len(todo)} to run")
@@ -360,8 +364,7 @@ def plot_setting(tier: str, setting_id: str, records: dict, path: Path) -> bool:
 
 CONTINUE = {"cpu": "OMP_NUM_THREADS=1 fedtune claims run --tier cpu",
             "gpu": "fedtune claims run --tier gpu --seeds 3",
-            "paper": "fedtune claims run --tier paper --seeds 3  # with data-dir set in the "
-                     "presets"}
+            "paper": "fedtune claims run --tier paper --seeds 3 --set 'data-dir=\"/data/nico\"'"}
 
 
 def _continue(tier: str) -> str:
@@ -532,6 +535,9 @@ def main(argv=None) -> int:
     run.add_argument("--tier", choices=TIERS, default="cpu")
     run.add_argument("--seeds", type=int, default=None,
                      help="seeds 0..N-1 for every claim (default: each claim's own, 3 or 5)")
+    run.add_argument("--set", default="", metavar="'KEY=VALUE ...'",
+                     help="run-config keys for every run, e.g. 'data-dir=\"/data/nico\"' (the "
+                     "paper tier's data) or 'device=\"cuda\"'")
     run.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
     run.add_argument("--no-report", action="store_true", help="do not regenerate the report")
     rep = sub.add_parser("report", help="write docs/claims.md from the stored runs")
@@ -546,16 +552,19 @@ def main(argv=None) -> int:
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))
         return 0
+    from flwr.common.config import parse_config_args
+
     from fedtune_app.config import setup_logging
 
+    extra = parse_config_args([args.set]) if args.set else {}
     if args.dry_run:
-        for spec in plan_runs(args.ids, args.tier, args.seeds):
+        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra):
             state = "done" if find_cached(spec) else "todo"
             print(f"{state} {spec.name}")
         return 0
     setup_logging()
     run_claims(args.ids, args.tier, args.seeds,
-               log=lambda text: print(text, file=sys.stderr, flush=True))
+               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra)
     if not args.no_report:
         print(write_report())
     return 0
