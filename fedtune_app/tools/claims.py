@@ -464,7 +464,13 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                 best = max(sum(100 * r["curve"][i]["accuracy"] for r in rs) / len(rs)
                            for i in range(min(len(r["curve"]) for r in rs)))
                 secs = sum(r["seconds"] for r in rs) / len(rs)
-                lines.append(f"| {arm} | {len(rs)} | {_ci(finals)} | {best:.2f} | "
+                if all("accuracy-ensemble" in r["curve"][-1] for r in rs):  # DepthFL
+                    ensemble = cs.t_interval([100 * r["curve"][-1]["accuracy-ensemble"]
+                                              for r in rs])
+                    finals_text = f"{_ci(finals)} (ensemble {_ci(ensemble)})"
+                else:
+                    finals_text = _ci(finals)
+                lines.append(f"| {arm} | {len(rs)} | {finals_text} | {best:.2f} | "
                              f"{sum(r['rejected-replies'] for r in rs)} | {secs:.0f} |")
             lines.append("")
         lines += [f"### Claims of tier `{tier}`", ""]
