@@ -83,6 +83,12 @@ KEYS: dict[str, Key] = {
                        "label skew (domain-dirichlet: Dirichlet inside each domain)",
                        choices=("dirichlet", "iid", "domain", "domain-dirichlet")),
     "dirichlet-alpha": Key(0.5, "Dirichlet concentration (label skew)", minimum=1e-6),
+    "dirichlet-self-balancing": Key(True, "Dirichlet partitions: a client above the average "
+                                    "size gets none of the later classes, so sizes stay near "
+                                    "N / K (flwr-datasets' self-balancing; label skew only); "
+                                    "false: sizes follow the Dirichlet draws too, label AND "
+                                    "quantity skew (HeteroTune: clients differ 'in both the "
+                                    "categories and quantities')"),
     "min-partition-size": Key(10, "smallest partition the Dirichlet split accepts", minimum=1),
     "train-subset": Key(0, "use only this many training examples, stratified (0 = all)", minimum=0),
     "test-subset": Key(0, "use only this many test examples, stratified (0 = all)", minimum=0),
@@ -90,9 +96,28 @@ KEYS: dict[str, Key] = {
     # local training
     "local-epochs": Key(1, "local epochs per round", minimum=1),
     "batch-size": Key(32, "local batch size", minimum=1),
-    "lr": Key(0.01, "SGD learning rate", minimum=0),
-    "momentum": Key(0.9, "SGD momentum", minimum=0, maximum=1),
-    "weight-decay": Key(1e-5, "SGD weight decay", minimum=0),
+    "optimizer": Key("sgd", "local optimizer, fresh each round: SGD with 'momentum' (FedRA, "
+                     "FedBRICK and HeteroTune's vision runs state SGD) or AdamW with "
+                     "'adam-beta1/2', 'adam-eps' (the usual choice for LLaMA-family models, whose "
+                     "learning rates, e.g. HeteroTune's 1e-5, are of the Adam family)",
+                     choices=("sgd", "adamw")),
+    "lr": Key(0.01, "local learning rate (of round 1 after warm-up; see 'lr-schedule')",
+              minimum=0),
+    "lr-schedule": Key("constant", "local learning rate over the federated rounds: constant, or "
+                       "cosine decay from 'lr' in the first round after warm-up towards 0 after "
+                       "the last (lr_t = lr (1 + cos(pi (t - W - 1) / (T - W))) / 2)",
+                       choices=("constant", "cosine")),
+    "lr-warmup-rounds": Key(0, "linear warm-up: round t <= W trains at lr * t / W (then the "
+                            "schedule), W this many rounds (0 = none)", minimum=0),
+    "momentum": Key(0.9, "SGD momentum (optimizer = sgd)", minimum=0, maximum=1),
+    "adam-beta1": Key(0.9, "AdamW beta1 (optimizer = adamw; torch's and the Hugging Face "
+                      "Trainer's default)", minimum=0, maximum=0.999999),
+    "adam-beta2": Key(0.999, "AdamW beta2 (optimizer = adamw; torch's and the Hugging Face "
+                      "Trainer's default)", minimum=0, maximum=0.999999),
+    "adam-eps": Key(1e-8, "AdamW epsilon (optimizer = adamw; torch's and the Hugging Face "
+                    "Trainer's default)", minimum=1e-12),
+    "weight-decay": Key(1e-5, "weight decay: SGD's L2 term, AdamW's decoupled decay "
+                        "(1e-5: the official FedRA code's SGD)", minimum=0),
     "grad-clip": Key(10.0, "gradient-norm clip (0 = off)", minimum=0),
     "device": Key("auto", "torch device of clients and server evaluation",
                   choices=("auto", "cpu", "cuda")),
@@ -389,7 +414,18 @@ def check_dp(config: dict) -> None:
                           "client's update in the clear")
 
 
+def check_schedule(config: dict) -> None:
+    """A warm-up that never ends leaves the schedule nothing to do."""
+    if config["lr-warmup-rounds"] >= config["num-server-rounds"] and \
+            config["lr-schedule"] != "constant":
+        raise ConfigError(f"run-config key 'lr-warmup-rounds' = {config['lr-warmup-rounds']} "
+                          f"covers all {config['num-server-rounds']} rounds of key "
+                          "'num-server-rounds': no round is left for lr-schedule = "
+                          f"{config['lr-schedule']!r}; lower the warm-up")
+
+
 register_check(check_quorum)
+register_check(check_schedule)
 register_check(check_dp)
 register_check(lambda config: parse_faults(config["fault-injection"]))
 

@@ -230,8 +230,31 @@ def test_two_rounds_end_to_end(method, tmp_path):
         # capacity 1: its one block and the head as its exit (no lost layer, no exit 1)
         assert {n for n in sent_to_smallest if not n.startswith("blocks.")} == \
             {"head.weight", "head.bias"}
-        assert {"accuracy-last-exit", "accuracy-exit-1"} <= set(metrics[-1])
+        assert {"accuracy-last-exit", "accuracy-ensemble", "accuracy-exit-1"} <= set(metrics[-1])
+        # the default headline is the ensemble; the last exit is recorded every evaluation
+        assert all(m["accuracy"] == m["accuracy-ensemble"] for m in metrics)
         node = grid.contexts[grid.node_ids[2]]  # FedAvg by default: no FedDyn node state
         assert "depthfl-feddyn-h" not in node.state
     else:
         assert "head.weight" in sent_to_smallest
+
+
+@pytest.mark.parametrize("headline", ["ensemble", "last-exit"])
+def test_both_scores_are_recorded_and_the_key_picks_the_headline(headline):
+    config = cfg(method="depthfl", **{"depthfl-exit-every": 2, "depthfl-headline": headline},
+                 **EXIT_DEPTH)
+    recipe = DepthFLRecipe(config)
+    model = recipe.extend(attach_adapters(build_backbone(TINY_MIXER), AdapterSpec())).eval()
+    x = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = recipe.eval_logits(model, (0, 1, 2, 3), x)
+    # the same tensors under both names: the headline is one of the two recorded scores
+    assert out[""] is out[headline]
+    assert {"ensemble", "last-exit", "exit-2", "exit-4"} == set(out) - {""}
+
+
+def test_the_fedra_and_fedbrick_presets_score_depthfl_by_its_last_exit():
+    assert resolve_config({"method": "depthfl"})["depthfl-headline"] == "ensemble"
+    for preset in ("fedra-t1-nico", "fedra-t2-domainnet", "fedra-t4-nico-dynamic",
+                   "fedbrick-t1-nico", "mpnet-fedra-t1-bbc", "offline-feature-skew"):
+        assert resolve_config({"preset": preset})["depthfl-headline"] == "last-exit"

@@ -310,3 +310,24 @@ def test_official_fedra_batch_cap_and_unweighted_means(tmp_path):
     for name in ("blocks.3.mlp_channels.fc2.lora_B.weight", "head.weight"):
         mean = np.mean([r[name].astype(np.float64) for r in replies.values()], axis=0)
         np.testing.assert_allclose(state[name], mean, rtol=1e-6, atol=1e-7)
+
+
+# -- AllSmall under dynamic capacities: FedRA Table 4's row is Table 1's 3-layer model ------------
+
+def test_all_small_under_dynamic_capacities_trains_the_table1_model():
+    from fedtune_app.methods.baselines import AllSmall
+
+    config = resolve_config({"preset": "fedra-t4-nico-dynamic", "method": "all-small"})
+    assert (config["all-small-layers"], config["capacities"]) == (3, "12*6")
+    strategy = AllSmall(config, infos(*[(12, 10)] * 6), 12, zeros(["head.w"]))
+    # whatever the round drew (here 1 and 12 blocks), every client trains blocks 0, 1, 2
+    drawn = infos((1, 10), (12, 10))
+    assert strategy.plan_round(1, drawn) == [(0, 1, 2), (0, 1, 2)]
+    assert strategy.eval_plan() == (0, 1, 2)
+    # by default the smallest static capacity, dynamic or not (no longer 1 under dynamic)
+    for dynamic in (False, True):
+        plain = smoke(method="all-small", **{"dynamic-capacities": dynamic})
+        assert AllSmall(plain, infos((4, 10), (2, 10), (3, 10)), 4,
+                        zeros(["head.w"])).eval_plan() == (0, 1)
+    with pytest.raises(ConfigError, match="'all-small-layers' = 3 is deeper than the smallest"):
+        smoke(method="all-small", **{"all-small-layers": 3})  # smoke: capacities 4,2,1

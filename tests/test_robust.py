@@ -89,6 +89,26 @@ def test_screening_rules_by_hand():
     assert screen(peer, sent, c, peers=False) == {}  # under DP: the growth bound only
 
 
+def test_screening_keeps_an_honest_head_leaving_a_zero_global_head():
+    """A client whose data holds few classes moves a near-zero head much further than the
+    head's own size: with 3 or more holders only its peers judge it. Numbers of round 1 of the
+    default job, seed 0, Dirichlet 0.1 (head.bias rms 0.72 against 5 x max(0.000, 0.1) = 0.5)."""
+    c = cfg(**{"screen-peer-ratio": 10.0, "screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    sent = {k: {"head.bias": np.zeros(4, np.float32)} for k in "123"}
+    # rms 0.72, 0.2, 0.15; norms 1.44, 0.4, 0.3; the median norm 0.4 -> 1.44 < 10 x 0.4
+    heads = [ClientUpdate("1", {"head.bias": f32(.72, -.72, .72, -.72)}, 1),
+             ClientUpdate("2", {"head.bias": f32(.2, -.2, .2, .2)}, 1),
+             ClientUpdate("3", {"head.bias": f32(.15, .15, -.15, .15)}, 1)]
+    assert screen(heads, sent, c) == {}
+    # the same update from a client holding the head alone or with one peer: the growth bound
+    assert "rms 0.72 > 5 x max" in screen(heads[:2], sent, c)["1"]
+    # a head update 10 x its peers' median still goes: norm 4.1 > 10 x 0.4
+    loud = [ClientUpdate("1", {"head.bias": f32(2.05, -2.05, 2.05, -2.05)}, 1)] + heads[1:]
+    assert "> 10 x the median 0.4 of its 3 holders" in screen(loud, sent, c)["1"]
+    # under DP every tensor is judged against the global tensor only
+    assert set(screen(heads, sent, c, peers=False)) == {"1"}
+
+
 def test_state_guard():
     old = {"a": f32(1, -1), "b": f32(0, 0)}
     c = cfg(**{"screen-max-growth": 5.0, "screen-rms-floor": 0.1})
@@ -96,6 +116,10 @@ def test_state_guard():
     assert "moved by rms 6" in state_problem(old, {"a": f32(7, -7), "b": old["b"]}, c)
     assert "NaN" in state_problem(old, {"a": old["a"], "b": f32(np.nan, 0)}, c)
     assert state_problem(old, {"a": f32(7, -7), "b": old["b"]}, c, check_jump=False) is None
+    # a move as large as an update screening accepted is no jump: rms 6 <= the accepted 6.5
+    assert state_problem(old, {"a": f32(7, -7), "b": old["b"]}, c, accepted={"a": 6.5}) is None
+    assert "largest accepted update's rms 5.9" in state_problem(
+        old, {"a": f32(7, -7), "b": old["b"]}, c, accepted={"a": 5.9})
 
 
 def test_dp_clipping_noise_and_epsilon():

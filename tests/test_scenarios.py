@@ -145,5 +145,33 @@ def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():
     for round_caps, plans in fedra:
         assert [len(p) for p in plans] == round_caps  # FedRA holds exactly L_i blocks
     assert fedra[0][0] != fedra[1][0]
+    # AllSmall ignores the draws (FedRA Table 4 repeats Table 1's AllSmall row): the model of
+    # 'all-small-layers' blocks every round
+    cfg = cfg | {"all-small-layers": 3}
     for _, plans in three_rounds("all-small"):
-        assert plans == [(0,)] * 6  # the only model every client can hold in every round
+        assert plans == [(0, 1, 2)] * 6
+
+
+def test_dirichlet_with_quantity_skew_lets_big_clients_keep_growing():
+    # 3 classes x 200 examples, 6 clients: the average size N / K is 100
+    labels = (0,) * 200 + (1,) * 200 + (2,) * 200
+    grew = 0
+    for seed in (0, 1, 2):
+        counts = {}
+        for balanced in (True, False):
+            parts = partition_indices(labels, None, 6, "dirichlet", 0.5, 1, seed, balanced)
+            assert sorted(i for p in parts for i in p) == list(range(600))  # disjoint, complete
+            counts[balanced] = [[sum(labels[i] == c for i in p) for c in range(3)]
+                                for p in parts]
+        # the first class is split by the same Dirichlet draw either way
+        assert [c[0] for c in counts[True]] == [c[0] for c in counts[False]]
+        for per_class in counts[True]:  # self-balancing: above 100, no later class
+            for c in (1, 2):
+                if sum(per_class[:c]) > 100:
+                    assert per_class[c] == 0
+        grew += sum(per_class[2] > 0 for per_class in counts[False]
+                    if sum(per_class[:2]) > 100)
+    assert grew > 0  # without it a client above the average still draws later classes
+    assert cfg_of()["dirichlet-self-balancing"] is True  # the default is unchanged
+    for preset in ("heterotune-t1-cifar10", "heterotune-t5-cifar10-ratio"):
+        assert cfg_of(preset=preset)["dirichlet-self-balancing"] is False

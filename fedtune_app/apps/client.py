@@ -31,7 +31,7 @@ from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.model.perf import process_stats
 from fedtune_app.data.scenarios import client_capacities
 from fedtune_app.federated.strategy import from_record, to_record
-from fedtune_app.training.local import check_precision, pick_device
+from fedtune_app.training.local import check_precision, pick_device, round_lr
 
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
@@ -135,7 +135,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     cfg, fetched = node_config_of(context)  # 0 bytes unless the cache was lost since the query
     group = node_group(cfg, context)
-    cfg = group_config(cfg, group)
+    round_ = int(msg.content["config"]["server-round"])
+    cfg = group_config(cfg, group) | {"lr": round_lr(cfg, round_)}  # this round's rate
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
     recipe = recipe_for(cfg, group)
@@ -158,7 +159,6 @@ def handle_train(msg: Message, context: Context) -> Message:
     with torch.no_grad():
         for name, value in received.items():
             loaded[name].copy_(torch.as_tensor(value))
-    round_ = int(msg.content["config"]["server-round"])
     objective = LocalObjective(cfg)  # FedProx / FedDyn term on top of the method's loss
     objective.begin(params, context)
     recipe.begin(params, context)

@@ -428,11 +428,15 @@ def num_classes_of(cfg: dict) -> int:
 @functools.lru_cache(maxsize=8)
 def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
                       num_partitions: int, partitioner: str, alpha: float, min_size: int,
-                      seed: int) -> tuple[tuple[int, ...], ...]:
+                      seed: int, balanced: bool = True) -> tuple[tuple[int, ...], ...]:
     """Indices of each client's training examples, by flwr-datasets partitioners.
 
-    domain: NaturalIdPartitioner on the domain column (partition i = domain i). domain-dirichlet:
-    a DirichletPartitioner inside each domain d (seed + d), partition d*k + j = its j-th part."""
+    dirichlet: each class split over the clients in Dirichlet(alpha) proportions; ``balanced``
+    (flwr-datasets' self-balancing) gives a client that already holds more than the average
+    N / K examples nothing of the classes still to come, so the sizes stay near N / K; without
+    it the sizes follow the draws too (label AND quantity skew). domain: NaturalIdPartitioner on
+    the domain column (partition i = domain i). domain-dirichlet: a DirichletPartitioner inside
+    each domain d (seed + d), partition d*k + j = its j-th part."""
     from datasets import Dataset
     from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner,
                                            NaturalIdPartitioner)
@@ -454,7 +458,7 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
 
     def dirichlet(k: int, s: int):
         return DirichletPartitioner(num_partitions=k, partition_by="label", alpha=alpha,
-                                    min_partition_size=min_size, self_balancing=True,
+                                    min_partition_size=min_size, self_balancing=balanced,
                                     shuffle=True, seed=s)
 
     if partitioner == "iid":  # IidPartitioner takes contiguous shards: shuffle (seeded) first
@@ -537,14 +541,15 @@ def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
     proxy = holds_out_proxy(cfg)
     public = HOLDOUTS.get(cfg["method"]) == "public" and cfg["public-fraction"]
     key = (partition_id, num_partitions, cfg["partitioner"], cfg["dirichlet-alpha"],
-           cfg["min-partition-size"], cfg["seed"], proxy and cfg["proxy-fraction"], public)
+           cfg["min-partition-size"], cfg["seed"], cfg["dirichlet-self-balancing"],
+           proxy and cfg["proxy-fraction"], public)
     cache = splits.__dict__.setdefault("_client_examples", {})
     if key not in cache:
         train, _ = public_split(cfg, splits)  # FedMD/FedDF: the public set is nobody's data
         def partition() -> np.ndarray:
             labels = tuple(train.labels.tolist())
             domains = None if train.domains is None else tuple(train.domains.tolist())
-            mine = partition_indices(labels, domains, num_partitions, *key[2:6])[partition_id]
+            mine = partition_indices(labels, domains, num_partitions, *key[2:7])[partition_id]
             if proxy:  # the same partition as without a proxy, less the server's part
                 mine = np.setdiff1d(mine, proxy_indices(cfg, splits))
             return np.asarray(mine, dtype=np.int64)

@@ -26,7 +26,7 @@ from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round
 from fedtune_app.federated.objectives import feddyn_server_step, objective_of
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
-                                          screen, state_problem)
+                                          largest_updates, screen, state_problem)
 
 log = logging.getLogger("fedtune")
 
@@ -289,7 +289,8 @@ class LayerPlanStrategy(Strategy):
             # the jump bound belongs to screening (off with it); a non-finite state never passes
             problem = state_problem(self.state, new_state, self.cfg,
                                     check_jump=self.cfg["screen-updates"] and not self.dp,
-                                    skip_jump=self.unscreened)
+                                    skip_jump=self.unscreened,
+                                    accepted=largest_updates(updates, self.state))
             if problem:
                 entry.state_updated = False
                 entry.method_metrics["state-kept"] = problem

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import torch
@@ -44,12 +45,37 @@ def to_device(inputs, device):
     return inputs.to(device, non_blocking=True)
 
 
+def round_lr(cfg: dict, server_round: int) -> float:
+    """The local learning rate of round t (1-based) of T = ``num-server-rounds``: a linear
+    warm-up lr * t / W over the first W = ``lr-warmup-rounds`` rounds, then ``lr-schedule``:
+    constant lr, or cosine lr (1 + cos(pi (t - W - 1) / (T - W))) / 2 (lr in round W + 1,
+    approaching 0 after round T). The schedule runs over rounds, not local steps: every client
+    of a round trains at the same rate, whatever its data size."""
+    lr, warmup, total = cfg["lr"], cfg["lr-warmup-rounds"], cfg["num-server-rounds"]
+    if server_round <= warmup:
+        return lr * server_round / warmup
+    if cfg["lr-schedule"] == "cosine":
+        return lr * (1 + math.cos(math.pi * (server_round - warmup - 1) / (total - warmup))) / 2
+    return lr
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
+    """``optimizer`` over ``params`` at ``lr``: SGD (momentum, L2 weight decay) or AdamW
+    (betas, eps, decoupled weight decay)."""
+    if cfg["optimizer"] == "adamw":
+        return torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["adam-beta1"],
+                                 cfg["adam-beta2"]), eps=cfg["adam-eps"],
+                                 weight_decay=cfg["weight-decay"])
+    return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
+                           weight_decay=cfg["weight-decay"])
+
+
 def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
                 cfg: dict, seed: int, device: torch.device, loss_fn=None) -> float:
-    """SGD (momentum, weight decay, grad-norm clip) on ``params`` of the (sub-)network.
+    """``make_optimizer`` (SGD or AdamW), grad-norm clip, on ``params`` of the (sub-)network.
     ``loss_fn(inputs, labels)`` is the local objective (default: cross-entropy of the model's
     logits; a method's recipe may add terms). Returns the mean training loss. A fresh optimizer
-    each round: FedRA's clients keep no state between rounds."""
+    each round (Adam's moments included): FedRA's clients keep no state between rounds."""
     if loss_fn is None:
         def loss_fn(inputs, labels):
             return nn.functional.cross_entropy(model(inputs).float(), labels)
@@ -58,8 +84,7 @@ def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model.train()
-        optimizer = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
-                                    weight_decay=cfg["weight-decay"])
+        optimizer = make_optimizer(params, cfg)
         gen = torch.Generator().manual_seed(seed)
         # the running loss stays on the device: a .item() per step would make the CPU wait
         # for the GPU every step instead of queueing the next batch
