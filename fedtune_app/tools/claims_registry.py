@@ -22,18 +22,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # --- the CPU tier: all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News ---
-# Sized so that one run of an uneven-capacity method takes a few minutes on one CPU thread:
-# 240 training articles (stratified subset of the fixed 80/20 split) over 6 clients, the whole
-# test split (445 articles), 32 tokens, batch 8 (5 local steps of an average client per round).
-# The rate is the papers' 0.01 (SGD, momentum 0.9) for every method. Rounds: enough for the
-# AllLarge / AllSmall pilot (seed 0 of the first setting) to pass the convergence gate; measured
-# here, one such run takes 3-6 minutes on one CPU thread shared with other work.
-CPU_ROUNDS = 20
+# Sized so that one run of an uneven-capacity method takes minutes on one CPU thread: 180
+# training articles (stratified subset of the fixed 80/20 split) over 6 clients, the whole test
+# split (445 articles), 32 tokens, batch 4 (about 7 local steps of an average client per
+# round). The rate is the papers' 0.01 (SGD, momentum 0.9) for every method, never tuned.
+# Rounds: the pilot (AllLarge, seed 0, then 240 articles at batch 8 = 5 steps a round, 20
+# rounds) reached 86.9% at round 16 and 88.5% at round 20 with the test loss still falling
+# (1.00 -> 0.91): +1.6 points over the last 20%, the gate's "not flattened"
+# (docs/claims/pilot/). Hence more steps: batch 4 and 40 rounds (about 3x the steps).
+CPU_ROUNDS = 40
 CPU_BASE = {
     "model": "all-MiniLM-L6-v2", "model-source": "pretrained", "model-args": "",
     "dataset": "bbc-news", "partitioner": "dirichlet", "dirichlet-alpha": 0.5,
-    "min-partition-size": 10, "train-subset": 240, "test-subset": 0, "max-length": 32,
-    "batch-size": 8, "local-epochs": 1, "lr": 0.01, "momentum": 0.9,
+    "min-partition-size": 10, "train-subset": 180, "test-subset": 0, "max-length": 32,
+    "batch-size": 4, "local-epochs": 1, "lr": 0.01, "momentum": 0.9,
     "num-server-rounds": CPU_ROUNDS, "eval-every": 4, "clients-per-round": 0,
 }
 # every tier: no update screening (the papers ran none), FedBRICK's 5% server proxy held out of
