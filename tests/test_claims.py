@@ -107,6 +107,8 @@ def test_claim_verdict_is_too_short_when_its_setting_fails_the_gate(monkeypatch)
         records["t-hand", "all-large", s] = rec(70 + s)
     gates = {"t-hand": cl.setting_gate("t-hand", records)}
     assert gates["t-hand"]["status"] == "passed"
+    one_seed = {k: v for k, v in records.items() if k[2] == 0}  # flat, but no interval yet
+    assert cl.setting_gate("t-hand", one_seed)["status"] == cl.PENDING
     records["t-hand", "inclusivefl", 1] = rec(49.5)  # differences 10, 11.5, 10
     row = cl.evaluate_claim(claim, records, gates)
     assert row["verdict"].verdict == cs.REPRODUCED

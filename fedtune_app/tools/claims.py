@@ -45,6 +45,7 @@ README_BEGIN, README_END = "<!-- claims-table: begin -->", "<!-- claims-table: e
 RESULTS = ROOT / "results" / "claims"  # the runs' full results folders (not committed)
 TIERS = ("cpu", "gpu", "paper")
 MAX_SEEDS = 10  # the report looks for seeds 0..MAX_SEEDS-1
+PENDING = "pending (one seed)"  # a gate with a flat reference but no interval yet
 DEPTH = {"cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones (AllLarge's plan)
 # keys that change where or how often a run writes, not what it computes
 BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset", "device",
@@ -270,7 +271,10 @@ def setting_gate(setting_id: str, records: dict) -> dict:
     curves = [[(p["round"], 100 * p["accuracy"]) for p in r["curve"]] for r in ref]
     small = [_points(records[setting_id, setting.small, s]) for s in seeds]
     g = cs.gate(curves, small)
-    return {"status": "passed" if g.passed else cs.TOO_SHORT, "gate": g, "seeds": seeds}
+    status = "passed" if g.passed else cs.TOO_SHORT
+    if len(seeds) < 2 and g.gain_last < cs.FLAT_POINTS:  # flat so far, no interval yet
+        status = PENDING
+    return {"status": status, "gate": g, "seeds": seeds}
 
 
 def evaluate_claim(claim: Claim, records: dict, gates: dict) -> dict:
@@ -293,8 +297,8 @@ def evaluate_claim(claim: Claim, records: dict, gates: dict) -> dict:
     gate_status = [gates[st]["status"] for st in settings]
     if cs.TOO_SHORT in gate_status:
         v = cs.Verdict(cs.TOO_SHORT, v.difference, v.detectable, "convergence gate failed")
-    elif cs.NOT_RUN in gate_status:
-        v = cs.Verdict(cs.INCONCLUSIVE, v.difference, v.detectable, "gate runs missing")
+    elif cs.NOT_RUN in gate_status or PENDING in gate_status:
+        v = cs.Verdict(cs.INCONCLUSIVE, v.difference, v.detectable, "gate not decided yet")
     row["verdict"], row["differences"] = v, diffs
     return row
 
@@ -440,7 +444,8 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
             if tier not in SETTINGS[st].tiers:
                 continue
             arms = sorted({(a) for (s, a, _) in records if s == st}, key=list(ARMS).index)
-            if not arms:
+            own = [a for a in arms if a not in (SETTINGS[st].reference, SETTINGS[st].small)]
+            if not own:  # only the gate's runs, shared with another setting: shown there
                 continue
             g = setting_gate(st, records)
             lines += [f"#### `{st}`", "", SETTINGS[st].shape + ".", ""]
@@ -457,7 +462,8 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
             if plot_setting(tier, st, records, png):
                 lines += ["", f"![{st}]({png.relative_to(out.parent).as_posix()})"]
             lines += ["", "| arm | seeds | final accuracy % (95% CI) | best round mean % | "
-                      "rejected replies | seconds per run |", "|---|---|---|---|---|---|"]
+                      "final - best | rejected replies | seconds per run |",
+                      "|---|---|---|---|---|---|---|"]
             for arm in arms:
                 rs = [records[k] for k in sorted(records) if k[0] == st and k[1] == arm]
                 finals = cs.t_interval([100 * r["final"] for r in rs])
@@ -470,7 +476,9 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                     finals_text = f"{_ci(finals)} (ensemble {_ci(ensemble)})"
                 else:
                     finals_text = _ci(finals)
+                fell = finals.mean - best  # a method that falls from its best round diverges
                 lines.append(f"| {arm} | {len(rs)} | {finals_text} | {best:.2f} | "
+                             f"{fell:+.2f}{' (falls)' if fell < -5 else ''} | "
                              f"{sum(r['rejected-replies'] for r in rs)} | {secs:.0f} |")
             lines.append("")
         lines += [f"### Claims of tier `{tier}`", ""]
