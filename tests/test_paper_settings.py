@@ -58,7 +58,7 @@ def test_depthfl_plans_the_rounds_drawn_capacities(tmp_path):
     folder = Path(run_federation(grid, resolve_config(rc)))
     # smoke capacities 4,2,1; each round client i holds U[1, L_i] blocks from the seeded RNG
     # (DepthFL draws nothing else), i.e. the prefix of that depth
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng([5, 2])  # the strategy's capacity stream of seed 5
     drawn = [[int(rng.integers(1, c + 1)) for c in (4, 2, 1)] for _ in range(2)]
     allocation = json.loads((folder / "allocation.json").read_text())
     for round_, caps in zip(allocation, drawn):
@@ -189,7 +189,8 @@ def test_per_domain_sampling_picks_one_client_of_each_domain():
     domains = ["a", "a", "b", "b", "b", "c"]
     config = smoke(**{"client-sampling": "per-domain", "seed": 3})
     strategy = FedRA(config, infos(*[(1, 10)] * 6, groups=domains), 4, {})
-    rng = np.random.default_rng(3)  # per round: an index into a's 2, b's 3, c's 1 clients
+    rng = np.random.default_rng([3, 1])  # the sampling stream of seed 3; per round: an index
+    # into a's 2, b's 3, c's 1 clients
     for _ in range(4):
         expected = [0 + rng.integers(2), 2 + rng.integers(3), 5 + rng.integers(1)]
         picked = [c.partition_id for c in strategy.sample_clients()]

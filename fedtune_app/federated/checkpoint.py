@@ -6,9 +6,10 @@ crash leaves the previous checkpoint whole, never half a file):
     tensors   state/<name>   the global trainable state
               extra/<name>   a method's other server tensors (``LayerPlanStrategy.extra_state``)
               rng/torch      torch's global RNG state of the server process
-    metadata  fedtune-checkpoint: JSON with the round, the strategy's numpy RNG state (client
-              sampling and layer allocation), the round history (plans, bytes, rejections),
-              the per-round metrics so far, the resolved config and the clients.
+    metadata  fedtune-checkpoint: JSON with the round, the strategy's numpy RNG states
+              (the method's allocation, client sampling, dynamic capacities), the round
+              history (plans, bytes, rejections), the per-round metrics so far, the resolved
+              config and the clients.
 
 Everything else a round depends on is derived from the seed (partitions, the clients' local
 training seed = f(seed, round, partition)), so restoring this is enough for a bit-identical
@@ -65,6 +66,8 @@ def save_checkpoint(folder: Path, strategy: LayerPlanStrategy, metrics: list[dic
     meta = {"round": strategy.history[-1].round, "config": cfg,
             "clients": _client_facts(strategy.clients),
             "rng": strategy.rng.bit_generator.state,
+            "rng-sampling": strategy.sampling_rng.bit_generator.state,
+            "rng-capacity": strategy.capacity_rng.bit_generator.state,
             "history": [_round_to_json(e) for e in strategy.history], "metrics": metrics}
     path = Path(folder) / FILE
     tmp = path.with_name(path.name + ".tmp")
@@ -120,6 +123,8 @@ def resume(strategy: LayerPlanStrategy, cfg: dict) -> list[dict]:
     strategy.load_extra_state({k.removeprefix("extra/"): v for k, v in tensors.items()
                                if k.startswith("extra/")})
     strategy.rng.bit_generator.state = meta["rng"]
+    strategy.sampling_rng.bit_generator.state = meta["rng-sampling"]
+    strategy.capacity_rng.bit_generator.state = meta["rng-capacity"]
     torch.set_rng_state(torch.from_numpy(tensors["rng/torch"]))
     strategy.history = [_round_from_json(r) for r in meta["history"]]
     strategy.round_offset = done

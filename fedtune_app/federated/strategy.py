@@ -70,7 +70,12 @@ class LayerPlanStrategy(Strategy):
         self.clients = sorted(clients, key=lambda c: c.partition_id)
         self.num_layers = num_layers
         self.state = dict(initial_state)
-        self.rng = np.random.default_rng(cfg["seed"])
+        self.rng = np.random.default_rng(cfg["seed"])  # the method's own draws (allocation)
+        # draws every method makes alike, on streams of their own: a method's own draws (FedRA's
+        # allocation) never shift them, so one seed gives every method the same sampled clients
+        # and the same dynamic capacities each round (paired comparisons)
+        self.sampling_rng = np.random.default_rng([cfg["seed"], 1])
+        self.capacity_rng = np.random.default_rng([cfg["seed"], 2])
         self.history: list[RoundLog] = []
         # partition id -> the tensors sent this round that it must send back
         self._sent: dict[int, dict[str, np.ndarray]] = {}
@@ -169,11 +174,11 @@ class LayerPlanStrategy(Strategy):
             self.dp_entropy = tensors["dp-noise-seed"]
 
     def round_clients(self, clients: list[ClientInfo]) -> list[ClientInfo]:
-        """Dynamic heterogeneity: this round's capacities ~ U[1, L_i] from the seeded RNG, for
-        every method (the plan hooks only see ``capacity``)."""
+        """Dynamic heterogeneity: this round's capacities ~ U[1, L_i] from the seeded capacity
+        stream, the same for every method (the plan hooks only see ``capacity``)."""
         if not self.cfg["dynamic-capacities"]:
             return clients
-        drawn = draw_round_capacities([c.capacity for c in clients], self.rng)
+        drawn = draw_round_capacities([c.capacity for c in clients], self.capacity_rng)
         return [replace(c, capacity=k) for c, k in zip(clients, drawn)]
 
     # -- the living client set (deployment) ------------------------------------------------
@@ -213,7 +218,7 @@ class LayerPlanStrategy(Strategy):
         k = self.cfg["clients-per-round"]
         if not k or k >= len(live):
             return live
-        picked = sorted(self.rng.choice(len(live), size=k, replace=False))
+        picked = sorted(self.sampling_rng.choice(len(live), size=k, replace=False))
         return [live[i] for i in picked]
 
     def one_client_per_domain(self) -> list[ClientInfo]:
@@ -222,7 +227,7 @@ class LayerPlanStrategy(Strategy):
         domains: dict[str, list[ClientInfo]] = {}
         for c in self.live_clients():
             domains.setdefault(c.group, []).append(c)
-        picked = [group[self.rng.integers(len(group))] for group in domains.values()]
+        picked = [group[self.sampling_rng.integers(len(group))] for group in domains.values()]
         return sorted(picked, key=lambda c: c.partition_id)
 
     def max_batches(self) -> int:

