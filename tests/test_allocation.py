@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from fedtune_app.federated.allocation import (allocation_matrix, check_capacities, covering_plans,
-                                    full_plans, prefix_plans, random_plans,
-                                    smallest_prefix_plans)
+                                    draw_round_capacities, full_plans, prefix_plans,
+                                    random_plans, smallest_prefix_plans)
 from fedtune_app.config import ConfigError
 
 CAPS = [12, 10, 8, 6, 4, 3]
@@ -70,3 +70,26 @@ def test_depth_policies():
 def test_capacity_outside_one_to_L_is_rejected_with_the_allowed_range(bad):
     with pytest.raises(ConfigError, match=r"'capacities'.*allowed: 1\.\.12"):
         check_capacities(bad, 12)
+
+
+def test_capacities_of_one_and_of_every_block_are_allowed_and_the_error_names_the_client():
+    check_capacities([1, 12, 5], 12)  # both ends of 1..L
+    with pytest.raises(ConfigError) as err:
+        check_capacities([3, 0], 12)
+    assert str(err.value) == ("run-config key 'capacities': client 1 has capacity 0; "
+                              "allowed: 1..12 (the model has 12 blocks)")
+
+
+def test_allsmall_with_a_given_depth_and_the_matrix_of_plans():
+    assert smallest_prefix_plans([3, 2], 4, smallest=3) == [(0, 1, 2)] * 2
+    m = allocation_matrix([(0, 2), (1,), ()], 3)
+    assert m.tolist() == [[1, 0, 1], [0, 1, 0], [0, 0, 0]] and m.dtype == np.int8
+
+
+def test_round_capacity_is_uniform_on_one_to_the_declared_capacity():
+    rng = np.random.default_rng(4)
+    draws = np.array([draw_round_capacities([3, 1], rng) for _ in range(3000)])
+    assert set(draws[:, 1]) == {1}  # capacity 1 can only draw 1
+    # P(1) = P(2) = P(3) = 1/3; the std of a frequency over 3000 draws is 0.0086, 0.04 > 4.5 x
+    freq = np.bincount(draws[:, 0], minlength=4)[1:] / 3000
+    assert np.abs(freq - 1 / 3).max() < 0.04 and draws.dtype.kind == "i"
