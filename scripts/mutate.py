@@ -69,6 +69,8 @@ def prepare(name: str, path: str, tests: list[str], tests_dir: Path) -> Path:
         if entry.name not in ("pyproject.toml", ".mutate", ".git", ".venv", "results", ".flwr"):
             (folder / entry.name).symlink_to(tests_dir if entry.name == "tests" else entry)
     files = [t for t in tests if t.startswith("tests/") and (folder / t).exists()]
+    if not files:  # mutmut would run the whole suite
+        sys.exit(f"none of the tests of {name} ({', '.join(tests)}) is in {tests_dir}")
     options = [t for t in tests if not t.startswith("tests/")]
     config = ("\n[tool.mutmut]\n"
               'source_paths = ["fedtune_app"]\n'

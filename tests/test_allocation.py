@@ -37,8 +37,12 @@ def test_keep_previous_can_leave_layers_uncovered():
 
 
 def test_cover_all_refuses_capacities_that_cannot_cover_the_model():
-    with pytest.raises(ConfigError, match="sum to 10 < 12"):
+    with pytest.raises(ConfigError) as err:
         covering_plans([4, 3, 3], 12, np.random.default_rng(0))
+    assert str(err.value) == (
+        "missing-layer-policy 'cover-all' needs the sampled clients to hold every block, but "
+        "their capacities [4, 3, 3] sum to 10 < 12 blocks; use missing-layer-policy="
+        "keep-previous or larger/more clients per round")
 
 
 @pytest.mark.parametrize("draw", [random_plans, covering_plans])

@@ -26,9 +26,16 @@ def strategy(cfg, clients=CLIENTS, state=None):
     return LayerPlanStrategy(cfg, clients, 2, state)
 
 
+@pytest.fixture(autouse=True)
+def own_folder(tmp_path, monkeypatch):
+    """A relative path written by mistake lands in this test's folder, read by no other test."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def saved(tmp_path):
-    """A run stopped after round 2: state, FedDyn's h, both RNGs, history and metrics."""
+    """A run stopped after round 3: state, FedDyn's h, both RNGs, history and metrics (numpy
+    scalars among them, as the evaluation returns)."""
     cfg = resolve_config(KEYS)
     s = strategy(cfg)
     s.state = {"w": np.full((2, 3), 7, np.float32), "b": np.array([-1.5], np.float32)}
@@ -37,10 +44,12 @@ def saved(tmp_path):
     torch.manual_seed(42)
     s.history = [RoundLog(1, plans={0: (0, 1), 1: (1,)}),
                  RoundLog(2, plans={0: (0,), 1: (0, 1)}, rejected={1: "screening: x"},
-                          state_updated=False)]
-    metrics = [{"round": 1, "accuracy": None}, {"round": 2, "accuracy": 0.25}]
+                          state_updated=False),
+                 RoundLog(3, plans={0: (1,), 1: (0,)})]
+    metrics = [{"round": 1, "accuracy": None}, {"round": 2, "accuracy": np.float32(0.25)},
+               {"round": 3, "accuracy": None}]
     path = save_checkpoint(tmp_path, s, metrics, cfg)
-    return path, s, metrics, cfg
+    return path, s, [m | {"accuracy": m["accuracy"] and float(m["accuracy"])} for m in metrics], cfg
 
 
 def test_resume_restores_everything_a_round_depends_on(saved):
@@ -53,7 +62,7 @@ def test_resume_restores_everything_a_round_depends_on(saved):
     after = strategy(resolve_config(KEYS | {"num-server-rounds": 6, "eval-every": 3,
                                             "resume": str(path.parent)}))
     done = resume(after, after.cfg)
-    assert done == metrics and after.round_offset == 2
+    assert done == metrics and after.round_offset == 3
     assert after.state.keys() == {"w", "b"}
     np.testing.assert_array_equal(after.state["w"], np.full((2, 3), 7, np.float32))
     np.testing.assert_array_equal(after.state["b"], np.array([-1.5], np.float32))
@@ -61,7 +70,8 @@ def test_resume_restores_everything_a_round_depends_on(saved):
     assert after.rng.random(3).tolist() == expected_rng.tolist()
     assert torch.rand(3).tolist() == expected_torch.tolist()
     assert [(e.round, e.plans, e.rejected, e.state_updated) for e in after.history] == [
-        (1, {0: (0, 1), 1: (1,)}, {}, True), (2, {0: (0,), 1: (0, 1)}, {1: "screening: x"}, False)]
+        (1, {0: (0, 1), 1: (1,)}, {}, True), (2, {0: (0,), 1: (0, 1)}, {1: "screening: x"}, False),
+        (3, {0: (1,), 1: (0,)}, {}, True)]
     # the file itself names the checkpoint file too, not only its folder
     again = strategy(resolve_config(KEYS | {"resume": str(path)}))
     assert resume(again, again.cfg) == metrics
@@ -76,13 +86,13 @@ def test_the_checkpoint_records_the_clients_without_their_connection(saved):
     # node ids are new at every connection, the one-time weight fetch only in the first
     assert meta["clients"][0] == {"partition_id": 0, "capacity": 2, "num_examples": 30,
                                   "group": "a", "label_counts": [10, 20], "model_group": 0}
-    assert meta["round"] == 2 and meta["config"]["seed"] == 3
+    assert meta["round"] == 3 and meta["config"]["seed"] == 3
     # reconnected clients with new node ids and no fetch resume the same run
     moved = [ClientInfo(node_id=99 + c.partition_id, partition_id=c.partition_id,
                         capacity=c.capacity, num_examples=c.num_examples, group=c.group,
                         label_counts=c.label_counts) for c in CLIENTS]
     s = strategy(resolve_config(KEYS | {"resume": str(path)}), clients=moved)
-    assert resume(s, s.cfg)[-1]["round"] == 2
+    assert resume(s, s.cfg)[-1]["round"] == 3
 
 
 def test_resume_refuses_what_would_not_continue_the_same_run(saved, tmp_path):
@@ -91,17 +101,21 @@ def test_resume_refuses_what_would_not_continue_the_same_run(saved, tmp_path):
     other = strategy(resolve_config(KEYS | {"resume": folder, "seed": 4, "lr": 0.123}))
     with pytest.raises(ConfigError) as err:
         resume(other, other.cfg)
-    assert "'seed' = 4 (checkpoint: 3)" in str(err.value)
-    assert "'lr' = 0.123 (checkpoint: " in str(err.value)
+    lr = resolve_config({})["lr"]
+    assert str(err.value) == (  # in the order of the run config's keys
+        "run-config key 'resume': the stopped run had other settings; resuming needs the same "
+        f"values for 'seed' = 4 (checkpoint: 3), 'lr' = 0.123 (checkpoint: {lr})")
     fewer = strategy(resolve_config(KEYS | {"resume": folder}), clients=CLIENTS[:1])
-    with pytest.raises(ConfigError, match="the connected clients differ"):
+    with pytest.raises(ConfigError) as err:
         resume(fewer, fewer.cfg)
-    done = strategy(resolve_config(KEYS | {"resume": folder, "num-server-rounds": 2}))
-    with pytest.raises(ConfigError, match="already has 2 rounds; key 'num-server-rounds' = 2"):
+    assert str(err.value).startswith("run-config key 'resume': the connected clients differ "
+                                     "from the stopped run's: [{'partition_id': 0")
+    done = strategy(resolve_config(KEYS | {"resume": folder, "num-server-rounds": 3}))
+    with pytest.raises(ConfigError, match="already has 3 rounds; key 'num-server-rounds' = 3"):
         resume(done, done.cfg)
     # one more round than the checkpoint: allowed
-    three = strategy(resolve_config(KEYS | {"resume": folder, "num-server-rounds": 3}))
-    assert resume(three, three.cfg)[-1]["round"] == 2
+    four = strategy(resolve_config(KEYS | {"resume": folder, "num-server-rounds": 4}))
+    assert resume(four, four.cfg)[-1]["round"] == 3
     shapes = strategy(resolve_config(KEYS | {"resume": folder}),
                       state={"w": np.zeros((3, 2), np.float32), "b": np.zeros(1, np.float32)})
     with pytest.raises(ConfigError, match="do not match this model and adapter"):
@@ -116,13 +130,17 @@ def test_resume_names_a_missing_or_unreadable_file(saved, tmp_path):
     path, *_ = saved
     nowhere = str(tmp_path / "nowhere")
     s = strategy(resolve_config(KEYS | {"resume": nowhere}))
-    with pytest.raises(ConfigError, match=f"'resume' = '{nowhere}': no checkpoint file"):
+    with pytest.raises(ConfigError) as err:
         resume(s, s.cfg)
+    assert str(err.value) == (
+        f"run-config key 'resume' = '{nowhere}': no checkpoint file {nowhere}; give a "
+        f"results folder holding {FILE} (written every 'checkpoint-every' rounds)")
     truncated = tmp_path / "truncated"
     truncated.mkdir()
     (truncated / FILE).write_bytes(path.read_bytes()[:100])
     s = strategy(resolve_config(KEYS | {"resume": str(truncated)}))
-    with pytest.raises(ConfigError, match="not a readable fedtune checkpoint"):
+    with pytest.raises(ConfigError, match="not a readable fedtune checkpoint .*; it may be "
+                       "truncated or from another program$"):
         resume(s, s.cfg)
     # a safetensors file of another program: no fedtune metadata
     from safetensors.numpy import save_file

@@ -230,11 +230,11 @@ def test_state_guard_edges():
 
 
 def test_largest_accepted_update_per_tensor():
-    state = {"a": f32(1, 1), "b": f32(0)}
-    updates = [ClientUpdate("1", {"a": f32(4, 5)}, 1),  # delta (3, 4): rms sqrt(12.5)
+    state = {"a": f32(1, 1), "b": f32(0), "c": f32(1)}
+    updates = [ClientUpdate("1", {"a": f32(4, 5), "c": f32(1.5)}, 1),  # a: (3, 4), rms sqrt(12.5)
                ClientUpdate("2", {"a": f32(1, 2), "b": f32(-2), "gone": f32(9)}, 1)]
-    assert largest_updates(updates, state) == pytest.approx({"a": 12.5 ** .5, "b": 2.0},
-                                                            rel=1e-15)
+    assert largest_updates(updates, state) == pytest.approx(
+        {"a": 12.5 ** .5, "b": 2.0, "c": 0.5}, rel=1e-15)
 
 
 def test_dp_clips_the_update_not_the_tensor_and_shares_keyed_values():
