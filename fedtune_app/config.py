@@ -125,9 +125,10 @@ KEYS: dict[str, Key] = {
     "eval-every": Key(1, "evaluate the global model every k rounds (and after the last)",
                       minimum=1),
     "eval-batch-size": Key(64, "batch size of server evaluation", minimum=1),
-    "round-timeout": Key(3600.0, "seconds to wait for replies each round", minimum=1),
-    "min-nodes": Key(0, "deployment: wait until this many nodes are connected (0 = those present)",
-                     minimum=0),
+    "round-timeout": Key(3600.0, "seconds to wait for replies each round (and at start for the "
+                         "nodes of key 'min-nodes')", minimum=1),
+    "min-nodes": Key(0, "wait at start until this many partitions are served by connected nodes "
+                     "(0 = every partition the nodes declare in num-partitions)", minimum=0),
     "results-dir": Key("", "absolute folder under which the run's results folder is written "
                        "(default: ./results of the server process)"),
     "tracker": Key("", "experiment tracking of every round's metrics: tensorboard (event files in "

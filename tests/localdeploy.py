@@ -51,10 +51,14 @@ class LocalDeployment:
 
     def __init__(self, workdir: Path, node_configs: list[str], tls: dict | None = None,
                  auth_keys: list[tuple[Path, Path]] | None = None,
-                 registered: list[int] | None = None, name: str = "fedtune-test"):
+                 registered: list[int] | None = None, name: str = "fedtune-test",
+                 started: list[int] | None = None):
+        """``started``: the nodes ``start`` starts (default: all); ``start_node`` starts the
+        others later (a late device)."""
         self.workdir, self.node_configs, self.tls, self.name = workdir, node_configs, tls, name
         self.auth_keys = auth_keys
         self.registered = range(len(node_configs)) if registered is None else registered
+        self.started = range(len(node_configs)) if started is None else started
         self.node_ids: dict[int, int] = {}  # node index -> node id the SuperLink gave it
         self.home = workdir / "flwr-home"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -63,7 +67,8 @@ class LocalDeployment:
         self.link_port = free_port(taken)
         self.node_ports = [free_port(taken) for _ in node_configs]
         self.procs: list[subprocess.Popen] = []
-        self.nodes: list[subprocess.Popen] = []  # the SuperNode processes, by node index
+        self.nodes: dict[int, subprocess.Popen] = {}  # node index -> its SuperNode process
+        self.launches: dict[int, int] = {}  # node index -> SuperNode processes started
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = (self.workdir / f"{name}.log").open("wb")
@@ -101,18 +106,58 @@ class LocalDeployment:
                     raise RuntimeError("flwr supernode register failed:\n"
                                        f"{done.stdout}{done.stderr}")
                 self.node_ids[i] = json.loads(done.stdout)["node-id"]
-        for i, (config, port) in enumerate(zip(self.node_configs, self.node_ports)):
-            security = (["--root-certificates", str(self.tls["ca"])] if self.tls
-                        else ["--insecure"])
-            if self.auth_keys:
-                security += ["--auth-supernode-private-key", str(self.auth_keys[i][0])]
-            self.nodes.append(self._spawn(
-                f"supernode-{i}", ["flower-supernode", *security, "--superlink", address,
-                                   "--host", "127.0.0.1", "--port", str(port),
-                                   "--node-config", config]))
-        for i in self.registered:  # an unregistered node is refused and exits: not waited for
-            self._wait_port(self.node_ports[i], f"supernode {i}", self.nodes[i])
+        for i in self.started:
+            self._launch_node(i)
+        for i in self.started:  # an unregistered node is refused and exits: not waited for
+            if i in self.registered:
+                self._wait_port(self.node_ports[i], f"supernode {i}", self.nodes[i])
         return self
+
+    def _launch_node(self, i: int) -> subprocess.Popen:
+        security = (["--root-certificates", str(self.tls["ca"])] if self.tls else ["--insecure"])
+        if self.auth_keys:
+            security += ["--auth-supernode-private-key", str(self.auth_keys[i][0])]
+        self.launches[i] = self.launches.get(i, 0) + 1
+        name = f"supernode-{i}" + (f"-{self.launches[i]}" if self.launches[i] > 1 else "")
+        self.nodes[i] = self._spawn(name, [
+            "flower-supernode", *security, "--superlink", f"127.0.0.1:{self.link_port}",
+            "--host", "127.0.0.1", "--port", str(self.node_ports[i]),
+            "--node-config", self.node_configs[i]])
+        return self.nodes[i]
+
+    def start_node(self, i: int, timeout: float = 180) -> float:
+        """Start SuperNode ``i`` (late, or again after ``kill_node``) and wait until it runs.
+        While the SuperLink still lists its previous instance as online it refuses the key
+        ("Failed to activate SuperNode", exit code 305): start it again every 2 s. Returns
+        the seconds until one instance stayed up."""
+        started = time.time()
+        while True:
+            proc = self._launch_node(i)
+            try:
+                code = proc.wait(timeout=8)  # refused instances exit within a second or two
+            except subprocess.TimeoutExpired:
+                self._wait_port(self.node_ports[i], f"supernode {i}", proc)
+                return time.time() - started
+            if time.time() - started > timeout:
+                raise RuntimeError(f"supernode {i} kept exiting (last code {code}) for "
+                                   f"{timeout} s; logs:\n{self.logs()}")
+            time.sleep(2)
+
+    def launch_once(self, i: int, wait: float = 30) -> int | None:
+        """Start SuperNode ``i`` once: its exit code if it exits within ``wait`` s, else None
+        (it runs)."""
+        try:
+            return self._launch_node(i).wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and the ClientApp processes it started: a device that dies."""
+        try:
+            os.killpg(self.nodes[i].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.nodes[i].wait(timeout=30)
 
     def _wait_port(self, port: int, what: str, proc: subprocess.Popen,
                    timeout: float = 120) -> None:
@@ -128,6 +173,17 @@ class LocalDeployment:
         """``flwr run . NAME --stream``: returns when the run has finished."""
         return self.flwr("run", ".", self.name, "--stream", "--run-config", run_config,
                          timeout=timeout)
+
+    def run_in_background(self, run_config: str) -> tuple[subprocess.Popen, Path]:
+        """``flwr run . NAME --stream`` started; its output goes to the returned file, which a
+        test reads while the run goes on."""
+        out = self.workdir / "flwr-run.log"
+        proc = subprocess.Popen([str(BIN / "flwr"), "run", ".", self.name, "--stream",
+                                 "--run-config", run_config], env=self.env, cwd=ROOT,
+                                stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc, out
 
     def online_nodes(self) -> set[int]:
         """Ids of the SuperNodes the SuperLink lists as online."""

@@ -2,9 +2,12 @@
 as in production (TLS with our own CA, SuperNode authentication with registered keys), with the
 credentials made by ``scripts/make_credentials.sh`` (the commands docs/deployment.md shows).
 
-Each SuperNode declares its capacity in ``--node-config``; the server must plan from what the
-nodes report (3 and 1 blocks), not from the run config's ``capacities`` (4,2,1 in the smoke
-preset). Slow (every message starts a fresh ClientApp process): marked ``integration``.
+One federation checks a run as devices live it: each SuperNode declares its capacity in
+``--node-config`` (the server must plan from what the nodes report, 3, 1 and 2 blocks, not from
+the smoke preset's ``capacities`` 4,2,1), fetches the frozen checkpoint once (file:// here,
+verified by hash), one device joins late and one is killed in round 2 and restarted. Slow
+(every message starts a fresh ClientApp process; a dead node is noticed after up to a minute
+of missed heartbeats): marked ``integration``.
 """
 
 from __future__ import annotations
@@ -32,50 +35,13 @@ def wire_floats(capacities) -> int:
     return sum(c * LORA_PER_BLOCK + HEAD for c in capacities)
 
 
-def run_and_check(dep: LocalDeployment, tmp_path: Path, declared: list[int],
-                  extra: str = "") -> dict:
-    results = tmp_path / "results"
-    run_config = (f'preset="smoke" results-dir="{results}" min-nodes={len(declared)} '
-                  f'round-timeout=600.0 {extra}')
-    try:
-        done = dep.run(run_config, timeout=900)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"flwr run did not finish in 900 s\n{dep.logs()}")
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out + dep.logs()
-    found = re.findall(r"RESULTS (\S+)", out)
-    assert found, f"no RESULTS line in the run's output:\n{out}\n{dep.logs()}"
-    folder = Path(found[-1])
-    assert folder.parent == results
-
-    config = json.loads((folder / "config.json").read_text())
-    assert [c["capacity"] for c in config["clients"]] == declared
-    metrics = json.loads((folder / "metrics.json").read_text())
-    assert [m["round"] for m in metrics] == [1, 2]
-    floats = wire_floats(declared)
-    tensors = sum(4 * c + 2 for c in declared)  # LoRA A and B of 2 modules per block + head
-    for m in metrics:
-        assert m["clients"] == list(range(len(declared))) and m["rejected"] == {}
-        # only the planned adapters + head travel: float32 payload plus a small header per tensor
-        assert 4 * floats <= m["bytes-down"] < 4 * floats + 256 * tensors
-        assert m["bytes-up"] == m["bytes-down"]  # replies carry the same names and shapes
-        assert m["trainable-params"] == {str(p): c * LORA_PER_BLOCK + HEAD
-                                         for p, c in enumerate(declared)}
-        assert 0.0 <= m["accuracy"] <= 1.0 and np.isfinite(m["loss"])
-    allocation = json.loads((folder / "allocation.json").read_text())
-    for entry in allocation:  # FedRA: every client holds exactly its declared number of blocks
-        assert np.asarray(entry["matrix"]).sum(axis=1).tolist() == declared
-    assert (folder / "state.safetensors").stat().st_size > 4 * (4 * LORA_PER_BLOCK + HEAD)
-    return {"metrics": metrics, "config": config, "folder": folder}
-
-
 @pytest.fixture(scope="module")
 def credentials(tmp_path_factory):
     out = tmp_path_factory.mktemp("credentials")
-    subprocess.run([str(ROOT / "scripts" / "make_credentials.sh"), str(out), "2"], check=True,
+    subprocess.run([str(ROOT / "scripts" / "make_credentials.sh"), str(out), "3"], check=True,
                    capture_output=True, timeout=120)
     return {"tls": {"ca": out / "ca.crt", "cert": out / "server.pem", "key": out / "server.key"},
-            "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(2)]}
+            "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(3)]}
 
 
 def nodes_with(declared, data_dirs=None):
@@ -101,24 +67,6 @@ def smoke_checkpoint(tmp_path: Path) -> tuple[Path, str]:
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_two_fedra_rounds_over_tls_with_authenticated_supernodes(tmp_path, credentials):
-    """Devices without the frozen checkpoint fetch it once (file:// here), verified by hash."""
-    declared = [3, 1]
-    checkpoint, sha = smoke_checkpoint(tmp_path)
-    data_dirs = [tmp_path / f"device-{i}" for i in range(len(declared))]
-    dep = LocalDeployment(tmp_path, nodes_with(declared, data_dirs), tls=credentials["tls"],
-                          auth_keys=credentials["keys"])
-    with dep:
-        out = run_and_check(dep, tmp_path, declared,
-                            f'checkpoint-url="{checkpoint.as_uri()}" checkpoint-sha256="{sha}" '
-                            f'checkpoint-dir="{tmp_path / "server-cache"}"')
-    assert all(p.poll() is not None for p in dep.procs)  # exactly ours, and all stopped
-    size = checkpoint.stat().st_size
-    assert [c["checkpoint_bytes"] for c in out["config"]["clients"]] == [size, size]
-    for d in data_dirs:
-        assert (d / "checkpoints" / f"{sha}.safetensors").read_bytes() == checkpoint.read_bytes()
-
-
 def test_unregistered_supernode_is_refused(tmp_path, credentials):
     dep = LocalDeployment(tmp_path, nodes_with([3, 1]), tls=credentials["tls"],
                           auth_keys=credentials["keys"], registered=[0])
@@ -132,3 +80,118 @@ def test_unregistered_supernode_is_refused(tmp_path, credentials):
         assert "No SuperNode found with the given public key" in \
             (tmp_path / "superlink.log").read_text()
     assert all(p.poll() is not None for p in dep.procs)
+
+
+def wait_for_line(path: Path, pattern: str, proc: subprocess.Popen, dep: LocalDeployment,
+                  timeout: float = 600) -> str:
+    """The first line of the streamed run output matching ``pattern``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = re.search(f".*{pattern}.*", path.read_text(errors="replace"))
+        if found:
+            return found.group(0)
+        if proc.poll() is not None:
+            break
+        time.sleep(1)
+    pytest.fail(f"no line matching {pattern!r} in the run output:\n"
+                f"{path.read_text(errors='replace')}\n{dep.logs()}")
+
+
+def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, credentials):
+    """Under TLS and SuperNode authentication: partitions 0 and 1 start the run (min-nodes=2 of
+    the 3 declared), partition 2's device connects during round 1; partition 1's SuperNode is
+    killed when round 2 starts and started again (same key, same node config) once the server
+    has logged its failure. Round 2 reports that failure as node 1's own (Flower's
+    NODE_UNAVAILABLE, sent by the SuperLink), the late and the restarted node train in later
+    rounds with their own partitions, and metrics.json says per round who served what."""
+    declared, rounds = [3, 1, 2], 4
+    checkpoint, sha = smoke_checkpoint(tmp_path)
+    data_dirs = [tmp_path / f"device-{i}" for i in range(len(declared))]
+    dep = LocalDeployment(tmp_path, nodes_with(declared, data_dirs), tls=credentials["tls"],
+                          auth_keys=credentials["keys"], started=[0, 1])
+    results = tmp_path / "results"
+    with dep:
+        run, out = dep.run_in_background(
+            f'preset="smoke" results-dir="{results}" min-nodes=2 '
+            f'num-server-rounds={rounds} round-timeout=600.0 '
+            f'checkpoint-url="{checkpoint.as_uri()}" checkpoint-sha256="{sha}" '
+            f'checkpoint-dir="{tmp_path / "server-cache"}"')
+        wait_for_line(out, rf"\[ROUND 1/{rounds}\]", run, dep)
+        dep.start_node(2)  # the late device
+        wait_for_line(out, rf"\[ROUND 2/{rounds}\]", run, dep)
+        dep.kill_node(1)
+        killed = time.time()
+        # at once: refused, the SuperLink still lists the crashed instance as online
+        assert dep.launch_once(1) not in (None, 0), dep.logs()
+        refused = (tmp_path / "supernode-1-2.log").read_text()
+        assert "Exit Code: 305" in refused and "Failed to activate SuperNode" in refused
+        failure = wait_for_line(out, r"rejected client 1 \(node \d+\)", run, dep)
+        logged = time.time()
+        dep.start_node(1)  # the SuperLink reported it unavailable: now it is accepted
+        back = time.time()
+        try:
+            run.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not finish\n{out.read_text()}\n{dep.logs()}")
+        text = out.read_text(errors="replace")
+        assert run.returncode == 0, text + dep.logs()
+    assert all(p.poll() is not None for p in dep.procs)  # exactly ours, and all stopped
+    folder = Path(re.findall(r"RESULTS (\S+)", text)[-1])
+    metrics = json.loads((folder / "metrics.json").read_text())
+    ids = dep.node_ids  # key i -> the node id the SuperLink registered for it
+    assert [m["round"] for m in metrics] == list(range(1, rounds + 1))
+    served = [{int(p): n for p, n in m["nodes"].items()} for m in metrics]
+    assert served[0] == {0: ids[0], 1: ids[1]}
+    assert all(s[0] == ids[0] for s in served)
+    # round 2: the SuperLink answered for the dead node; the failure is that node's own
+    assert served[1][1] == ids[1]
+    assert metrics[1]["errors"]["1"]["node"] == ids[1]
+    assert metrics[1]["errors"]["1"]["name"] == "NODE_UNAVAILABLE"
+    assert f"node {ids[1]}, Flower error 5 NODE_UNAVAILABLE" in metrics[1]["rejected"]["1"]
+    assert f"(node {ids[1]})" in failure and "ignored node 1" not in text
+    # the late node and the restarted one train later rounds with their own partitions
+    late = [m["round"] for m in metrics if "2" in m["client-metrics"]]
+    again = [m["round"] for m in metrics[2:] if "1" in m["client-metrics"]]
+    assert late and again, (served, [m["rejected"] for m in metrics])
+    assert all(s.get(2) in (None, ids[2]) for s in served)
+    assert all(s[1] == ids[1] for s in served if 1 in s)  # a registered key keeps its node id
+    clients = json.loads((folder / "config.json").read_text())["clients"]
+    assert [(c["partition_id"], c["capacity"]) for c in clients] == list(enumerate(declared))
+    for m in metrics:  # each node trained its own partition: its example count, every round
+        assert {p: c["num-examples"] for p, c in m["client-metrics"].items()} == \
+            {p: clients[int(p)]["num_examples"] for p in m["client-metrics"]}
+    assert len({c["num_examples"] for c in clients}) == 3  # so they tell partitions apart
+    # the checkpoint was fetched once per device; the restarted one found it in its data-dir
+    size = checkpoint.stat().st_size
+    assert [c["checkpoint_bytes"] for c in clients] == [size, 0, size]
+    for d in data_dirs:
+        assert (d / "checkpoints" / f"{sha}.safetensors").read_bytes() == checkpoint.read_bytes()
+    check_rounds(metrics, declared)
+    allocation = json.loads((folder / "allocation.json").read_text())
+    for entry in allocation:  # FedRA: every client holds exactly its declared number of blocks
+        assert np.asarray(entry["matrix"]).sum(axis=1).tolist() == \
+            [declared[p] for p in entry["clients"]]
+    assert (folder / "state.safetensors").stat().st_size > 4 * (4 * LORA_PER_BLOCK + HEAD)
+    trained = metrics[again[0] - 1]["started"]
+    print(f"\nrestarted node: killed when round 2 started; the server logged its failure "
+          f"{logged - killed:.0f} s later; started again, it was up {back - logged:.0f} s "
+          f"after that; round {again[0]} sent it work {trained - back:.0f} s later "
+          f"({trained - killed:.0f} s after the kill, {again[0] - 2} round(s) later); the late "
+          f"node trained first in round {late[0]}")
+
+
+def check_rounds(metrics: list[dict], declared: list[int]) -> None:
+    """Only the planned adapters and the head travel, for the clients sent work that round
+    (float32 payload plus a small header per tensor); replies only from those that answered."""
+    for m in metrics:
+        sent = m["clients"]
+        assert sorted(int(p) for p in m["nodes"]) == sent
+        answered = [p for p in sent if str(p) not in m["rejected"]]
+        for key, pids in (("bytes-down", sent), ("bytes-up", answered)):
+            floats = wire_floats([declared[p] for p in pids])
+            tensors = sum(4 * declared[p] + 2 for p in pids)  # LoRA A, B of 2 modules + head
+            assert 4 * floats <= m[key] < 4 * floats + 256 * tensors, (key, m)
+        assert m["trainable-params"] == {str(p): declared[p] * LORA_PER_BLOCK + HEAD
+                                         for p in sent}
+        assert 0.0 <= m["accuracy"] <= 1.0 and np.isfinite(m["loss"])
+    assert [sorted(m["rejected"]) for m in metrics] == [[], ["1"], [], []]

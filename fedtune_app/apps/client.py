@@ -124,6 +124,7 @@ def handle_query(msg: Message, context: Context) -> Message:
         memory_mb = node_config_int(context.node_config, "memory-mb")
         check_memory(ModelSpec.from_config(cfg, num_classes_of(cfg)), capacity, memory_mb)
     reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
+                          "num-partitions": int(context.node_config["num-partitions"]),
                           "num-examples": len(examples), "group": data_group,
                           "label-counts": counts.tolist(), "checkpoint-bytes": fetched,
                           "model-group": 0 if group is None else group,

@@ -5,6 +5,10 @@ ClientApp handlers, Message/ArrayRecord serialisation of every payload. Only Ray
 skipped, so tests and notebooks run a federation in seconds. ``faults`` lets a test replace a
 node's reply: a fault gets (message, reply) and returns the reply to deliver, None (dropped /
 timed out), or a list of replies (a repeated reply, a stray one from another node).
+Nodes can come and go as on a real SuperLink: ``add_node`` (a late device, or a restarted one
+without authentication: a new node id), ``go_offline`` (no longer listed; a message to it gets
+the SuperLink's NODE_UNAVAILABLE reply, sent from node 1 as Flower 1.41 does), ``come_back``
+(a restart under the same id, as with SuperNode authentication: activated anew).
 ``run_inprocess`` writes the same results folder as ``flwr run`` with the same run config
 (simulation nodes get ``partition-id``/``num-partitions`` exactly as here).
 """
@@ -16,6 +20,8 @@ import itertools
 from typing import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -25,14 +31,18 @@ Fault = Callable[[Message, Message], "Message | list[Message] | None"]
 
 
 class InProcessGrid(Grid):
+    synchronous = True  # every reply exists once ``push_messages`` returns: no waiting loop
+
     def __init__(self, client_app, node_configs: list[dict], run_config: dict,
                  faults: dict[int, Fault] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
-        self.client_app = client_app
-        self.node_ids = [1000 + 17 * i for i in range(len(node_configs))]
-        self.contexts = {nid: Context(run_id=RUN_ID, node_id=nid, node_config=dict(nc),
-                                      state=RecordDict(), run_config=dict(run_config))
-                         for nid, nc in zip(self.node_ids, node_configs)}
+        self.client_app, self.run_config = client_app, dict(run_config)
+        self.node_ids: list[int] = []  # every node ever connected; faults index this list
+        self.online: set[int] = set()
+        self.activations: dict[int, int] = {}  # node id -> times it was activated
+        self.contexts: dict[int, Context] = {}
+        for nc in node_configs:
+            self.add_node(nc)
         self.faults = faults or {}
         self.sent: list[Message] = []
         self._replies: dict[str, list[Message]] = {}
@@ -48,19 +58,51 @@ class InProcessGrid(Grid):
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
 
+    def add_node(self, node_config: dict) -> int:
+        """A node connects (late, or restarted: a new node id); returns its id."""
+        nid = 1000 + 17 * len(self.node_ids)
+        self.node_ids.append(nid)
+        self.online.add(nid)
+        self.activations[nid] = 1
+        self.contexts[nid] = Context(run_id=RUN_ID, node_id=nid, node_config=dict(node_config),
+                                     state=RecordDict(), run_config=dict(self.run_config))
+        return nid
+
+    def go_offline(self, node_id: int) -> None:
+        self.online.discard(node_id)
+
+    def come_back(self, node_id: int, node_config: dict | None = None) -> None:
+        """The node restarts under its id (optionally with another node config)."""
+        self.online.add(node_id)
+        self.activations[node_id] += 1
+        if node_config is not None:
+            self.contexts[node_id].node_config = dict(node_config)
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, status="online", last_activated_at=str(self.activations[n]))
+                for n in self.get_node_ids()]
+
     def get_node_ids(self):
-        return list(self.node_ids)
+        return [n for n in self.node_ids if n in self.online]
 
     def push_messages(self, messages):
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             self.sent.append(msg)
+            if msg.metadata.dst_node_id not in self.online:  # the SuperLink answers for it
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
+                                      reason="Error: Node Unavailable"), reply_to=msg)
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+                reply.metadata.__dict__["_message_id"] = f"r{next(self._ids)}"
+                self._replies[msg.metadata.message_id] = [reply]
+                ids.append(msg.metadata.message_id)
+                continue
             try:
                 reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
             except Exception as err:  # what the real runtime does: an Error reply
-                reply = Message(Error(code=1, reason=f"{err.__class__.__name__}: {err}"),
-                                reply_to=msg)
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{err.__class__.__name__}: {err}"), reply_to=msg)
             fault = self.faults.get(self.node_ids.index(msg.metadata.dst_node_id))
             if fault is not None:
                 reply = fault(msg, reply)

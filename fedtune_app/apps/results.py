@@ -1,6 +1,6 @@
 """The results folder of a run (DESIGN.md section 6).
 
-    config.json        resolved run config + what each node reported at start
+    config.json        resolved run config + what each node reported (rewritten at the end)
     metrics.json       one record per round (rewritten after every round, atomically)
     allocation.json    the allocation matrix of every round
     state.safetensors  final global trainable state (wire names)
@@ -63,11 +63,16 @@ class ResultsWriter:
         self.folder = folder
         self.started, self.rounds_done = time.time(), 0  # this process's rounds: elapsed, ETA
         self.metrics: list[dict] = list(metrics)  # a resumed run starts with the earlier rounds
-        write_json(folder / "config.json", {"run-config": cfg,
-                                            "clients": [asdict(c) for c in clients]})
+        self.write_config(clients)
         self.tracker = make_tracker(cfg, folder)
         for record in self.metrics:  # a resumed run's tracker gets the earlier rounds too
             self._track(record)
+
+    def write_config(self, clients) -> None:
+        """The run config and the clients (at start; at the end: every partition that took
+        part, with the node that served it last)."""
+        write_json(self.folder / "config.json", {"run-config": self.cfg,
+                                                 "clients": [asdict(c) for c in clients]})
 
     def record_round(self, server_round: int, evaluation: dict | None) -> None:
         entry = self.strategy.history[-1]
@@ -87,8 +92,12 @@ class ResultsWriter:
             "bytes-up": entry.bytes_up,
             "trainable-params": trainable,
             "clients": sorted(entry.plans),
+            "nodes": {str(p): n for p, n in sorted(entry.nodes.items())},  # who served which
+            "offline": entry.offline,  # partitions whose node was not online: not sent work
             "rejected": entry.rejected,
+            "errors": entry.errors,  # Flower's error code and reason of error replies
             "ignored": entry.ignored,
+            "membership": entry.membership,  # nodes that joined, took a partition over, failed
             "state-updated": entry.state_updated,
             "eval-seconds": evaluation.get("eval-seconds"),
             "started": entry.started,
@@ -124,6 +133,7 @@ class ResultsWriter:
     def finish(self) -> None:
         from safetensors.numpy import save_file
 
+        self.write_config(self.strategy.clients)
         write_json(self.folder / "allocation.json", self.strategy.allocation_matrices())
         save_file({k: np.ascontiguousarray(v) for k, v in self.strategy.export_state().items()},
                   str(self.folder / "state.safetensors"))

@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
 from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
-from fedtune_app.config import ConfigError
 from fedtune_app.training.local import check_precision, pick_device
 from fedtune_app.data.splits import domain_list
 from fedtune_app.model.frozen_weights import with_checkpoint
@@ -20,46 +19,18 @@ from fedtune_app.data.groups import num_groups
 from fedtune_app.methods import strategy_class
 from fedtune_app.apps.results import ResultsWriter
 from fedtune_app.data.scenarios import check_scenario, client_capacities
-from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy, to_record
+from fedtune_app.federated.nodes import NodeSet, TalkingGrid
+from fedtune_app.federated.strategy import LayerPlanStrategy, to_record
 
 log = logging.getLogger("fedtune")
 
 
-def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
-    """Simulated nodes all exist at start; deployed SuperNodes connect over time."""
-    deadline = time.time() + timeout
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= count:
-            return nodes
-        if time.time() > deadline:
-            raise RuntimeError(f"only {len(nodes)} of the {count} nodes needed (run-config key "
-                               f"'min-nodes') connected within {timeout} s")
-        time.sleep(1.0)
-
-
-def query_nodes(grid: Grid, cfg: dict) -> list[ClientInfo]:
-    """Ask each node its partition, capacity, example count and label counts."""
-    nodes = wait_for_nodes(grid, max(cfg["min-nodes"], 1), cfg["round-timeout"])
-    messages = [Message(RecordDict({"config": ConfigRecord({"want": "info"})}), node,
-                        MessageType.QUERY) for node in nodes]
-    clients, failures = [], []
-    for reply in grid.send_and_receive(messages, timeout=cfg["round-timeout"]):
-        if reply.has_error():
-            failures.append(f"node {reply.metadata.src_node_id}: {reply.error.reason}")
-            continue
-        info = reply.content["info"]
-        clients.append(ClientInfo(reply.metadata.src_node_id, int(info["partition-id"]),
-                                  int(info["capacity"]), int(info["num-examples"]),
-                                  str(info["group"]), tuple(info["label-counts"]),
-                                  int(info.get("checkpoint-bytes", 0)),
-                                  int(info.get("model-group", 0))))
-    if failures:
-        raise RuntimeError("nodes failed the start-up query:\n  " + "\n  ".join(failures))
-    pids = [c.partition_id for c in clients]
-    if len(set(pids)) != len(pids):
-        raise ConfigError(f"two nodes report the same partition-id: {sorted(pids)}")
-    return sorted(clients, key=lambda c: c.partition_id)
+def query_nodes(grid: Grid, cfg: dict) -> NodeSet:
+    """Wait for the nodes (key 'min-nodes'; 0 = every partition they declare) and ask each its
+    partition, capacity, example count and label counts."""
+    nodes = NodeSet()
+    nodes.gather(grid, cfg["min-nodes"], cfg["round-timeout"])
+    return nodes
 
 
 def run_federation(grid: Grid, cfg: dict) -> str:
@@ -72,7 +43,8 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     grouped = num_groups(cfg) > 0  # capacities then choose a model, not a number of blocks
     if not grouped:
         check_capacities(client_capacities(cfg), model.num_blocks)
-    clients = query_nodes(grid, cfg)
+    nodes = query_nodes(grid, cfg)
+    clients = nodes.clients()
     fetches = {c.partition_id: c.checkpoint_bytes for c in clients if c.checkpoint_bytes}
     if fetched or fetches:  # one-time costs, kept apart from the per-round adapter bytes
         log.info("checkpoint fetched once: server %d bytes, nodes %s", fetched, fetches)
@@ -81,6 +53,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     strategy: LayerPlanStrategy = strategy_class(cfg)(
         cfg, clients, model.num_blocks, recipe.initial_state(model, cfg["seed"]))
     strategy.attach(model, recipe)
+    strategy.follow(nodes)  # every round: restarted and late nodes in, offline ones out
     done_metrics = resume(strategy, cfg) if cfg["resume"] else []
     evaluator = (GroupedEvaluator if grouped else GlobalEvaluator)(model_cfg, model, clients,
                                                                    recipe)
@@ -94,6 +67,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
         due, record the round, and write the checkpoint when due."""
         if server_round == 0:
             return None
+        evaluator.clients = strategy.clients  # a late partition's label mix counts too
         server_round += strategy.round_offset
         last = server_round == cfg["num-server-rounds"]
         metrics = None
@@ -109,6 +83,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
             return None
         return MetricRecord({"accuracy": metrics["accuracy"], "loss": metrics["loss"]})
 
+    grid = TalkingGrid(grid, nodes.describe, on_wait=nodes.refresh)  # says whom it waits for
     strategy.start(grid, initial_arrays=to_record(strategy.state),
                    num_rounds=cfg["num-server-rounds"] - strategy.round_offset,
                    timeout=cfg["round-timeout"], evaluate_fn=end_of_round)

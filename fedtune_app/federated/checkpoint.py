@@ -38,7 +38,8 @@ MAY_CHANGE = ("num-server-rounds", "resume", "results-dir", "checkpoint-every", 
 def _client_facts(clients: list[ClientInfo]) -> list[dict]:
     """What identifies the clients across restarts (node ids are random per connection; a
     one-time weights fetch happens only in the first)."""
-    return [{k: v for k, v in asdict(c).items() if k not in ("node_id", "checkpoint_bytes")}
+    return [{k: v for k, v in asdict(c).items()
+             if k not in ("node_id", "checkpoint_bytes", "num_partitions")}
             | {"label_counts": list(c.label_counts)} for c in clients]
 
 
@@ -49,7 +50,9 @@ def _round_to_json(entry: RoundLog) -> dict:
 
 def _round_from_json(record: dict) -> RoundLog:
     return RoundLog(**record | {"plans": {int(p): tuple(v) for p, v in record["plans"].items()},
-                                "rejected": {int(p): v for p, v in record["rejected"].items()}})
+                                "rejected": {int(p): v for p, v in record["rejected"].items()}}
+                    | {k: {int(p): v for p, v in record[k].items()}
+                       for k in ("nodes", "errors") if k in record})
 
 
 def save_checkpoint(folder: Path, strategy: LayerPlanStrategy, metrics: list[dict],

@@ -24,25 +24,12 @@ from fedtune_app.model.adapters import names_for_plan
 from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
 from fedtune_app.federated.objectives import feddyn_server_step, objective_of
+from fedtune_app.federated.nodes import ClientInfo, NodeSet, error_of, error_text, match_replies
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
                                           largest_updates, screen, state_problem)
 
 log = logging.getLogger("fedtune")
-
-
-@dataclass(frozen=True)
-class ClientInfo:
-    """What a node told the server when queried at start."""
-
-    node_id: int
-    partition_id: int
-    capacity: int
-    num_examples: int
-    group: str
-    label_counts: tuple[int, ...] = ()
-    checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch
-    model_group: int = 0  # its model group (0 in a single-model run)
 
 
 @dataclass
@@ -53,6 +40,10 @@ class RoundLog:
     bytes_down: int = 0
     bytes_up: int = 0
     rejected: dict[int, str] = field(default_factory=dict)  # partition id -> reason
+    nodes: dict[int, int] = field(default_factory=dict)  # partition id -> node id sent its task
+    offline: list[int] = field(default_factory=list)  # partitions whose node was not online
+    errors: dict[int, dict] = field(default_factory=dict)  # partition id -> Flower error of reply
+    membership: list[str] = field(default_factory=list)  # nodes that joined, took over, failed
     ignored: list[str] = field(default_factory=list)  # replies nobody asked for (stray, repeated)
     state_updated: bool = True  # False: too few valid replies, the previous state was kept
     train_loss: float = float("nan")
@@ -81,8 +72,11 @@ class LayerPlanStrategy(Strategy):
         self.state = dict(initial_state)
         self.rng = np.random.default_rng(cfg["seed"])
         self.history: list[RoundLog] = []
-        # node id -> the tensors sent this round that it must send back
+        # partition id -> the tensors sent this round that it must send back
         self._sent: dict[int, dict[str, np.ndarray]] = {}
+        self._outbox: list[tuple[Message, ClientInfo]] = []  # this round's messages
+        # deployment: which node serves which partition, refreshed every round (``follow``)
+        self.nodes: NodeSet | None = None
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
         self.model, self.recipe = None, None  # the server's model(s) and recipe (``attach``)
@@ -176,21 +170,51 @@ class LayerPlanStrategy(Strategy):
         drawn = draw_round_capacities([c.capacity for c in clients], self.rng)
         return [replace(c, capacity=k) for c, k in zip(clients, drawn)]
 
+    # -- the living client set (deployment) ------------------------------------------------
+    def follow(self, nodes: NodeSet) -> None:
+        """Every round, take the nodes Flower lists as online from ``nodes``: a restarted or
+        late node takes its partition's place, an offline one sits the round out."""
+        self.nodes = nodes
+        nodes.admit = self.admit
+
+    def admit(self, client: ClientInfo) -> None:
+        """A partition not seen at start joins (a late device). A method that keeps per-client
+        state built at start extends it here, or raises ConfigError to refuse the client."""
+
+    def live_clients(self) -> list[ClientInfo]:
+        """The clients that may be sent work this round (all of them without ``follow``)."""
+        if self.nodes is None:
+            return list(self.clients)
+        return self.nodes.live()
+
+    def refresh_clients(self, grid: Grid, entry: RoundLog) -> None:
+        if self.nodes is None:
+            return
+        self.nodes.refresh(grid)
+        self.clients = self.nodes.clients()
+        entry.membership = self.nodes.take_events()
+        live = {c.partition_id for c in self.nodes.live()}
+        entry.offline = [c.partition_id for c in self.clients if c.partition_id not in live]
+        if entry.offline:
+            log.warning("round %d: partitions %s have no online node and sit the round out",
+                        entry.round, entry.offline)
+
     # -- Flower Strategy API --------------------------------------------------------------
     def sample_clients(self) -> list[ClientInfo]:
         if self.cfg["client-sampling"] == "per-domain":
             return self.one_client_per_domain()
+        live = self.live_clients()
         k = self.cfg["clients-per-round"]
-        if not k or k >= len(self.clients):
-            return list(self.clients)
-        picked = sorted(self.rng.choice(len(self.clients), size=k, replace=False))
-        return [self.clients[i] for i in picked]
+        if not k or k >= len(live):
+            return live
+        picked = sorted(self.rng.choice(len(live), size=k, replace=False))
+        return [live[i] for i in picked]
 
     def one_client_per_domain(self) -> list[ClientInfo]:
         """One client drawn uniformly from each domain's clients (domains in order of their
         first partition id), as the official FedRA code samples its Table 2 rounds."""
         domains: dict[str, list[ClientInfo]] = {}
-        for c in self.clients:
+        for c in self.live_clients():
             domains.setdefault(c.group, []).append(c)
         picked = [group[self.rng.integers(len(group))] for group in domains.values()]
         return sorted(picked, key=lambda c: c.partition_id)
@@ -206,11 +230,12 @@ class LayerPlanStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         server_round += self.round_offset
-        clients = self.round_clients(self.sample_clients())
-        plans = self.plan_round(server_round, clients)
         entry = RoundLog(server_round)
+        self.refresh_clients(grid, entry)
+        clients = self.round_clients(self.sample_clients())
+        plans = self.plan_round(server_round, clients) if clients else []
         cap = {"max-batches": m} if (m := self.max_batches()) else {}
-        self._sent = {}
+        self._sent, self._outbox = {}, []
         messages = []
         for client, plan in zip(clients, plans):
             payload = {n: self.state[n] for n in self.client_payload(client, plan)}
@@ -218,13 +243,15 @@ class LayerPlanStrategy(Strategy):
             entry.plans[client.partition_id] = plan
             entry.capacities[client.partition_id] = client.capacity
             entry.bytes_down += record.count_bytes()
-            self._sent[client.node_id] = {n: payload[n]
-                                          for n in self.reply_names(client, list(payload))}
+            entry.nodes[client.partition_id] = client.node_id
+            self._sent[client.partition_id] = {n: payload[n]
+                                               for n in self.reply_names(client, list(payload))}
             content = RecordDict({"arrays": record, "config": ConfigRecord(
                 {"layers": list(plan), "server-round": server_round} | cap
                 | self.train_config(client, plan))})
             messages.append(Message(content=content, message_type=MessageType.TRAIN,
                                     dst_node_id=client.node_id, group_id=str(server_round)))
+            self._outbox.append((messages[-1], client))
         self.history.append(entry)
         return messages
 
@@ -234,25 +261,24 @@ class LayerPlanStrategy(Strategy):
         or a new state that is not finite or jumps too far, the round keeps the previous state."""
         server_round += self.round_offset
         entry = self.history[-1]
-        by_node = {c.node_id: c for c in self.clients}
+        # the grid stamped every message's id on sending: a reply names the one it answers
+        by_message = {m.metadata.message_id: c for m, c in self._outbox if m.metadata.message_id}
+        matched, ignored = match_replies({mid: c.node_id for mid, c in by_message.items()},
+                                         replies)
+        for stray in ignored:
+            entry.ignored.append(stray)
+            log.warning("round %d: ignored %s", server_round, stray)
         updates, losses, answered = [], {}, set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            client = by_node.get(node)
-            stray = (f"node {node}: was sent no task this round"
-                     if client is None or node not in self._sent else
-                     f"client {client.partition_id}: a repeated reply (the first one counts)"
-                     if client.partition_id in answered else None)
-            if stray:
-                entry.ignored.append(stray)
-                log.warning("round %d: ignored %s", server_round, stray)
-                continue
+        for mid, reply in matched:
+            client = by_message[mid]
             answered.add(client.partition_id)
+            if reply.has_error():  # the node's own failure, or the SuperLink's word for it
+                entry.errors[client.partition_id] = {"node": client.node_id} | error_of(reply)
             update, loss, problem = self._check_reply(reply, client)
             if problem:
                 entry.rejected[client.partition_id] = problem
-                log.warning("round %d: rejected client %d: %s", server_round,
-                            client.partition_id, problem)
+                log.warning("round %d: rejected client %d (node %d): %s", server_round,
+                            client.partition_id, client.node_id, problem)
                 continue
             entry.bytes_up += reply.content["arrays"].count_bytes()
             entry.client_metrics[client.partition_id] = dict(reply.content["metrics"])
@@ -261,10 +287,10 @@ class LayerPlanStrategy(Strategy):
         for pid in entry.plans:
             if pid not in answered:
                 entry.rejected[pid] = "no reply (failed, timed out or dropped)"
-                log.warning("round %d: no reply from client %d", server_round, pid)
+                log.warning("round %d: no reply from client %d (node %d)", server_round, pid,
+                            entry.nodes[pid])
         if self.cfg["screen-updates"]:
-            sent = {str(c.partition_id): self._sent[c.node_id] for c in self.clients
-                    if c.node_id in self._sent}
+            sent = {str(pid): tensors for pid, tensors in self._sent.items()}
             # under DP only the bound against the global tensor: the peer rule would let one
             # client's data decide another's fate (module docstring of robust)
             judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
@@ -309,7 +335,7 @@ class LayerPlanStrategy(Strategy):
     def _check_reply(self, reply: Message, client: ClientInfo):
         """(update, train loss, None) for a sound reply, else (None, None, why not)."""
         if reply.has_error():
-            return None, None, f"client error: {reply.error.reason}"
+            return None, None, f"client error: {error_text(reply, client.node_id)}"
         try:  # hostile or broken content: failing to decode it rejects the reply, nothing more
             arrays, metrics = reply.content["arrays"], reply.content["metrics"]
             if not isinstance(arrays, ArrayRecord) or not isinstance(metrics, MetricRecord):
@@ -318,7 +344,7 @@ class LayerPlanStrategy(Strategy):
             num_examples, loss = metrics["num-examples"], float(metrics["train-loss"])
         except Exception as err:  # noqa: BLE001 - any decoding failure is the client's fault
             return None, None, f"malformed reply ({err.__class__.__name__}: {err})"
-        problem = reply_problem(tensors, self._sent[client.node_id], num_examples,
+        problem = reply_problem(tensors, self._sent[client.partition_id], num_examples,
                                 client.num_examples)
         if problem is None and not np.isfinite(loss):
             problem = f"train-loss = {loss}, expected a finite number"

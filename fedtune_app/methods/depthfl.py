@@ -202,6 +202,10 @@ class DepthFL(LayerPlanStrategy):
         self.depth_of = {c.partition_id: client_depth(c.capacity, self.depths, self.own_depth)
                          for c in self.clients}  # bad capacities fail here, before training
 
+    def admit(self, client):
+        self.depth_of[client.partition_id] = client_depth(client.capacity, self.depths,
+                                                          self.own_depth)
+
     def round_clients(self, clients):
         """This round's capacities (drawn ones under dynamic heterogeneity); under
         ``exit-depth`` a client whose drawn capacity holds no exit sits the round out."""

@@ -266,16 +266,20 @@ class FedBRICK(FedRA):
         self.domains = brick_domains(cfg)
         self.domain_of = {}
         for c in self.clients:
-            domain = ALL if self.domains == [ALL] else c.group
-            if domain not in self.domains:
-                raise ConfigError(f"FedBRICK: client {c.partition_id} reports group {c.group!r}, "
-                                  f"not one of the domains {self.domains} (key 'domains')")
-            self.domain_of[c.partition_id] = domain
+            self.admit(c)
         if not any(n.startswith("bricks.") for n in self.state):
             raise ConfigError("FedBRICK: the model has no BRICKs (method 'fedbrick' needs its "
                               "client recipe's extended model)")
         self.state |= initial_bricks(self.state, cfg["seed"])
         self._proxy = None
+
+    def admit(self, client):
+        domain = ALL if self.domains == [ALL] else client.group
+        if domain not in self.domains:
+            raise ConfigError(f"FedBRICK: client {client.partition_id} reports group "
+                              f"{client.group!r}, not one of the domains {self.domains} (key "
+                              "'domains')")
+        self.domain_of[client.partition_id] = domain
 
     # -- payload: planned blocks + head + the client's domain's BRICKs ----------------------
     def _payload(self, domain: str, plan) -> list[str]:

@@ -240,6 +240,9 @@ class HeteroTune(GroupStrategy):
         self.shared = sorted(n for n in self.state if n.startswith(SHARE))
         self.group_of = {str(c.partition_id): c.model_group for c in self.clients}
 
+    def admit(self, client):
+        self.group_of[str(client.partition_id)] = client.model_group
+
     def client_payload(self, client, plan):
         return super().client_payload(client, plan) + self.shared
 

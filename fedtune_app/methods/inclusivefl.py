@@ -100,6 +100,9 @@ class InclusiveFL(LayerPlanStrategy):
         self.depths = sorted({min(c.capacity, num_layers) for c in self.clients})
         self.momentum: dict[int, dict[str, np.ndarray]] = {}  # group depth -> last update M_g
 
+    def admit(self, client):  # a late client of a new depth forms a new group
+        self.depths = sorted(set(self.depths) | {min(client.capacity, self.num_layers)})
+
     def plan_round(self, server_round, clients):
         return prefix_plans([c.capacity for c in clients], self.num_layers)
 
