@@ -44,6 +44,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                    ["tests/test_allocation.py"]),
     "checkpoint": ("fedtune_app/federated/checkpoint.py",
                    ["tests/test_checkpoint.py"]),
+    "nodes": ("fedtune_app/federated/nodes.py",
+              ["tests/test_nodes.py", "-k", "not restarted_late_and_dead"]),
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
