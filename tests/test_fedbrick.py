@@ -241,6 +241,46 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
             p.copy_(before[n])
 
 
+def test_stage_two_steps_cap_each_epoch(setup):
+    cfg, _, model, images, labels = setup
+    seen = []
+
+    class Recorder(FedBRICKRecipe):
+        def stage2_loss(self, model, plan, inputs, labels, alpha):
+            seen.append(alpha)
+            return super().stage2_loss(model, plan, inputs, labels, alpha)
+
+    from fedtune_app.data.splits import Examples
+
+    recipe = Recorder(cfg | {"batch-size": 2, "fedbrick-stage2-epochs": 2,
+                             "fedbrick-stage2-steps": 2, "lr": 0.0})
+    plan = (0, 2)
+    recipe.configure({"layers": list(plan), "brick-domain": "all"})
+    params = recipe.trainables(model, plan)
+    recipe.begin(params, None)
+    recipe.fit(model, plan, params, Examples(images, labels), seed=5, device=torch.device("cpu"),
+               loss_fn=lambda x, y: recipe.loss(model, plan, x, y), server_round=1)
+    # 3 batches per epoch capped at 2, 2 epochs -> E2 = 4 steps, alpha = 1 - e/4
+    assert seen == pytest.approx([1, 3 / 4, 2 / 4, 1 / 4])
+
+
+def test_server_distillation_with_sgd_is_one_plain_gradient_step(setup):
+    cfg, _, model, images, labels = setup
+    from fedtune_app.data.splits import Examples
+
+    model, images = in_float64(model, images)
+    bricks = model.bricks["all"]
+    loss = layer_mse(bricks, block_io(model, images))
+    grads = torch.autograd.grad(loss, list(bricks.parameters()))
+    expected = [p.detach() - 0.5 * g for p, g in zip(bricks.parameters(), grads)]
+    # one epoch of one batch (all 5 examples; the mean loss does not depend on their order)
+    distill_bricks(model, bricks, Examples(images, labels), epochs=1, lr=0.5, batch_size=5,
+                   seed=0, device=torch.device("cpu"), optimizer="sgd")
+    for p, e in zip(bricks.parameters(), expected):
+        torch.testing.assert_close(p.detach(), e, rtol=0, atol=NETWORK_FLOAT64_ATOL)
+    assert resolve_config({"method": "fedbrick"})["fedbrick-server-optimizer"] == "adam"
+
+
 # -- server: layer-wise distillation, aggregation -----------------------------------------------
 
 def test_a_distillation_step_lowers_the_layer_wise_mse(setup):
@@ -311,6 +351,11 @@ def test_proxy_split_is_per_domain_deterministic_and_excluded_from_client_data()
         flat = mine.inputs.flatten(1)
         held = splits.train.inputs[proxy[domains[proxy] == pid]].flatten(1)
         assert not (flat[:, None] == held[None]).all(-1).any()  # no proxy image among them
+    # proxy-held-out = false: the server's proxy examples stay in the clients' data too
+    shared = resolve_config(rc | {"method": "fedbrick", "proxy-held-out": False})
+    assert np.array_equal(proxy_indices(shared, splits), proxy)
+    for pid in range(6):
+        assert len(client_examples(shared, splits, pid, 6)) == 100
 
 
 # -- end to end ---------------------------------------------------------------------------------

@@ -130,6 +130,24 @@ def test_a_group_client_trains_its_local_adapters_branch_weights_head_and_own_br
     assert sum(p.numel() for p in trained.values()) == TRAINED[0]
 
 
+def test_without_learnable_weights_the_branch_weights_stay_at_one_over_m():
+    # Table 4's "w/o LW": a_i = 1/M fixed; neither trained nor sent back
+    cfg = resolve_config(CFG | {"heterotune-learnable-weights": False})
+    recipe = recipe_for(cfg, 0)
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    trained = recipe.trainables(model, (0, 1))
+    assert not any(n.endswith(".adapter.branch") for n in trained)
+    branch = "groups.0.blocks.0.mlp.fc2.adapter.branch"
+    assert branch in recipe.received(model, (0, 1))
+    np.testing.assert_array_equal(recipe.initial_state(model, 0)[branch], [0.5, 0.5])  # M = 2
+    clients = [ClientInfo(10, 0, 1, 10, "c0", model_group=0)]
+    strategy = strategy_class(cfg)(cfg, clients, 3, {branch: np.full(2, 0.5, np.float32),
+                                                     "groups.0.head.bias": np.zeros(2)})
+    assert strategy.reply_names(clients[0], [branch, "groups.0.head.bias"]) == \
+        ["groups.0.head.bias"]
+    assert sum(p.numel() for p in trained.values()) == TRAINED[0] - 2 * 2 * 2  # 4 FedAdapters
+
+
 def test_grouped_aggregation_by_hand():
     cfg = resolve_config(CFG)
     clients = [ClientInfo(10 + i, i, 1, 10, f"c{i}", model_group=g)

@@ -27,10 +27,24 @@ def run_notebook(tmp_path, monkeypatch):
     return lambda name: execute(NOTEBOOKS / f"{name}.ipynb")
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def progress_outputs(nb) -> tuple[int, list[str]]:
+    """(outputs that are Jupyter widgets, texts of stderr streams) of an executed notebook."""
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    widgets = sum(WIDGET in o.get("data", {}) for o in outputs)
+    return widgets, [o.get("text", "") for o in outputs if o.get("name") == "stderr"]
+
+
 def test_compare_strategies_notebook(run_notebook, tmp_path):
     from fedtune_app.tools import analysis
 
-    run_notebook("compare_strategies")
+    nb = run_notebook("compare_strategies")
+    # tqdm.auto draws its progress bar as a widget (ipywidgets installed), not as text
+    widgets, errors = progress_outputs(nb)
+    assert widgets >= 1
+    assert not any("IProgress not found" in e for e in errors)
     runs = analysis.load_runs(tmp_path)
     assert sorted(r.method for r in runs) == ["all-large", "all-small", "fedra"]
     # the notebook's table is the library's table of the folders it wrote

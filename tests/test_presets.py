@@ -161,3 +161,19 @@ def test_mixer_checkpoint_loads_through_the_class_fallback(checkpoints):
     assert torch.equal(model.blocks[4].mlp_channels.fc2.weight,
                        saved["blocks.4.mlp_channels.fc2.weight"])
     assert model.head.weight.shape == (4, 32)
+
+
+@pytest.mark.parametrize("table, rounds", [("t1", 100), ("t2", 150)])
+@pytest.mark.parametrize("data", ["nico", "domainnet"])
+def test_official_code_presets_differ_from_the_paper_text_only_by_its_keys(table, rounds, data):
+    paper = resolve_config({"preset": f"fedra-{table}-{data}"})
+    official = resolve_config({"preset": f"fedra-{table}-{data}-official"})
+    changed = {k for k in paper if k != "preset" and paper[k] != official[k]}
+    expected = {"fedra-repo-batch-cap", "fedra-repo-unweighted", "inclusivefl-aggregation",
+                "screen-updates"} | ({"num-server-rounds"} if rounds != 100 else set())
+    assert changed == expected
+    assert (official["fedra-repo-batch-cap"], official["fedra-repo-unweighted"],
+            official["inclusivefl-aggregation"], official["screen-updates"],
+            official["num-server-rounds"], official["depthfl-headline"]) == \
+        (True, True, "mean", False, rounds, "last-exit")
+    assert paper["num-server-rounds"] == 100  # the paper's text: "100 rounds"

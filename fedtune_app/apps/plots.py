@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 
 
-def plot_partition(clients, history, path: Path) -> None:
-    """Left: stacked label counts per client (x labels = partition id and group). Right: each
-    client's capacity per round (mean, with min-max bars when capacities are dynamic)."""
+def plot_partition(clients, history, path: Path, class_names=()) -> list[str]:
+    """Left: stacked label counts per client (x labels = partition id and group; the legend
+    names the classes, ``class_names`` in label order). Right: each client's capacity per
+    round (mean, with min-max bars when capacities are dynamic). Returns the legend's class
+    labels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,14 +31,15 @@ def plot_partition(clients, history, path: Path) -> None:
     cmap = plt.get_cmap("tab20")
     for label in range(counts.shape[1] if counts.size else 0):
         left.bar(x, counts[:, label], bottom=bottom, color=cmap(label % 20), width=0.85,
-                 label=str(label))
+                 label=class_names[label] if label < len(class_names) else str(label))
         bottom += counts[:, label]
-    left.set_title("training examples per client, by label")
+    left.set_title("training examples per client, by class")
     left.set_xlabel("client")
     left.set_ylabel("examples")
+    legend = []
     if counts.shape[1] <= 20:
-        left.legend(fontsize=6, title="label", title_fontsize=7, loc="upper left",
-                    bbox_to_anchor=(1.0, 1.0))
+        legend = left.legend(fontsize=6, title="class", title_fontsize=7, loc="upper left",
+                             bbox_to_anchor=(1.0, 1.0)).get_texts()
     used = {c.partition_id: [e.capacities[c.partition_id] for e in history
                              if c.partition_id in e.capacities] for c in clients}
     static = np.array([c.capacity for c in clients], dtype=float)
@@ -57,3 +60,4 @@ def plot_partition(clients, history, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return [t.get_text() for t in legend]

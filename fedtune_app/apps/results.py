@@ -1,6 +1,7 @@
 """The results folder of a run (DESIGN.md section 6).
 
-    config.json        resolved run config + what each node reported (rewritten at the end)
+    config.json        resolved run config, the data set's class names and what each node
+                       reported (rewritten at the end)
     metrics.json       one record per round (rewritten after every round, atomically)
     allocation.json    the allocation matrix of every round
     state.safetensors  final global trainable state (wire names)
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.perf import process_stats
 from fedtune_app.apps.plots import plot_partition
 from fedtune_app.apps.tracking import make_tracker, round_scalars
@@ -63,6 +65,7 @@ class ResultsWriter:
         self.folder = folder
         self.started, self.rounds_done = time.time(), 0  # this process's rounds: elapsed, ETA
         self.metrics: list[dict] = list(metrics)  # a resumed run starts with the earlier rounds
+        self.class_names = class_names_of(cfg)
         self.write_config(clients)
         self.tracker = make_tracker(cfg, folder)
         for record in self.metrics:  # a resumed run's tracker gets the earlier rounds too
@@ -72,6 +75,7 @@ class ResultsWriter:
         """The run config and the clients (at start; at the end: every partition that took
         part, with the node that served it last)."""
         write_json(self.folder / "config.json", {"run-config": self.cfg,
+                                                 "class-names": self.class_names,
                                                  "clients": [asdict(c) for c in clients]})
 
     def record_round(self, server_round: int, evaluation: dict | None) -> None:
@@ -139,7 +143,7 @@ class ResultsWriter:
                   str(self.folder / "state.safetensors"))
         plot_accuracy(self.metrics, self.folder / "accuracy.png", self.cfg["method"])
         plot_partition(self.strategy.clients, self.strategy.history,
-                       self.folder / "partition.png")
+                       self.folder / "partition.png", self.class_names)
         if self.tracker is not None:
             self.tracker.close()
         log.info("fedtune: results in %s", self.folder)

@@ -7,7 +7,8 @@ place that writes ``metrics.json`` also sends each round's scalars to the tracke
                              else a local SQLite file <results-dir>/mlflow.db
                              (``mlflow ui --backend-store-uri sqlite:///results/mlflow.db``)
     tracker = "wandb"        Weights & Biases, offline unless $WANDB_MODE says otherwise
-                             (files in <results folder>/wandb; ``wandb sync`` uploads them)
+                             (files in <results folder>/wandb, complete when the run returns;
+                             ``wandb sync <results folder>/wandb/offline-run-*`` uploads them)
 
 Scalars per round: accuracy, loss, train-loss, bytes-down/up, seconds, eval-seconds, rejected
 clients, every ``accuracy-<output>`` of the method, and ``accuracy-per-group/<group>``,
@@ -102,7 +103,12 @@ class WandbTracker(Tracker):
         self.run.log(scalars, step=step)
 
     def close(self):
+        import wandb
+
         self.run.finish()
+        # finish() returns before W&B's service has written the whole run file; its teardown
+        # waits for it, so the results folder is complete (and `wandb sync`-able) on return
+        wandb.teardown()
 
 
 def make_tracker(cfg: dict, folder: Path) -> Tracker | None:

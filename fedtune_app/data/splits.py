@@ -414,6 +414,13 @@ def _read_prepared(path: Path) -> DataSplits | None:
         return None
 
 
+def class_names_of(cfg: dict) -> list[str]:
+    """The data set's class names in label order (exports' id2label, plots' legends), from
+    its raw form: no model, no tokenizer."""
+    classes = list(_raw(cfg).classes)
+    return classes[: cfg["max-classes"]] if cfg["max-classes"] else classes
+
+
 def num_classes_of(cfg: dict) -> int:
     fixed = {"bbc-news": 5, "digits": 10, "multi-domain-digits": 10, "fashion-mnist": 10,
              "mnist-5k": 10, "synthetic": 10}
@@ -490,8 +497,8 @@ HOLDOUTS: dict[str, str] = {}
 
 def holds_out_proxy(cfg: dict) -> bool:
     """Is the server's proxy split taken out of the clients' data in this run?"""
-    return cfg["proxy-fraction"] > 0 and (HOLDOUTS.get(cfg["method"]) == "proxy"
-                                          or cfg["proxy-for-all-methods"])
+    return cfg["proxy-fraction"] > 0 and cfg["proxy-held-out"] and \
+        (HOLDOUTS.get(cfg["method"]) == "proxy" or cfg["proxy-for-all-methods"])
 
 
 def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:

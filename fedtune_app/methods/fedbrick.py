@@ -46,8 +46,11 @@ Choices made here (the paper leaves them open):
     plain sums of squares over the tensors.
   * Eq. 21's lambda_w tethers the retained blocks' trainables (adapters); the head is trained but
     not tethered (the equation names only w_l, l in S_k).
-  * Stage I runs ``local-epochs``, stage II ``fedbrick-stage2-epochs``, both at ``lr`` (SGD as
-    every method). E2 = stage II's optimizer steps; step e = 0..E2-1 uses alpha_e = 1 - e/E2
+  * Stage I runs ``local-epochs``, stage II ``fedbrick-stage2-epochs`` (the paper: "each
+    performing one local epoch ... in both stages"; its Stage II text also says "only a few local
+    steps": ``fedbrick-stage2-steps`` caps each stage-II epoch at that many batches), both at
+    ``lr`` with the run's ``optimizer``. E2 = stage II's optimizer steps; step e = 0..E2-1
+    uses alpha_e = 1 - e/E2
     (1 at the first step; alpha_E2 = 0 would be the step after the last). Stage II's
     distillation term sees a_{l-1} detached (layer-wise: each BRICK learns its own block) and
     f_l's output as a fixed target. Stage II shuffles with seed + 1. The reported train loss is
@@ -55,10 +58,14 @@ Choices made here (the paper leaves them open):
   * Domains: the data set's domains when clients are split by domain (feature skew: a client's
     domain is the group it reports); otherwise one group ``all`` for every client.
   * Proxy set: ``proxy-fraction`` (5%) of every domain's training examples, at least one, drawn
-    with a fixed seed and taken out of the clients' partitions (``data.proxy_indices``);
-    comparators train on exactly the same client data with ``proxy-for-all-methods``.
-  * Server distillation: Adam at ``fedbrick-server-lr`` (the paper's "server learning rate"
-    1e-4), batches of ``batch-size``, every domain every round (also domains no sampled client
+    with a fixed seed (``data.proxy_indices``). The server "owns only a small portion of public
+    proxy data": by default it is taken out of the clients' partitions (nobody's private data;
+    comparators train on exactly the same client data with ``proxy-for-all-methods``);
+    ``proxy-held-out = false`` leaves it in the clients' data too (a public set the clients
+    also hold).
+  * Server distillation: ``fedbrick-server-optimizer`` (Adam; the paper names no optimizer)
+    at ``fedbrick-server-lr`` (the paper's "server learning rate of 1e-4"), batches of
+    ``batch-size``, every domain every round (also domains no sampled client
     had: the global blocks moved for them too); each batch runs the frozen global model once and
     updates all L BRICKs of the domain (their losses are independent).
 """
@@ -68,6 +75,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -150,10 +158,11 @@ def layer_mse(bricks: nn.ModuleDict, io) -> torch.Tensor:
 
 
 def distill_bricks(model, bricks: nn.ModuleDict, data, epochs: int, lr: float, batch_size: int,
-                   seed: int, device) -> tuple[float, float]:
-    """Eq. 20 for one domain: Adam on the BRICKs against the frozen global blocks. Returns the
-    mean layer-wise MSE of the first and of the last epoch."""
-    optimizer = torch.optim.Adam(bricks.parameters(), lr=lr)
+                   seed: int, device, optimizer: str = "adam") -> tuple[float, float]:
+    """Eq. 20 for one domain: ``optimizer`` (Adam, or plain SGD) on the BRICKs against the
+    frozen global blocks. Returns the mean layer-wise MSE of the first and of the last epoch."""
+    optimizer = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
+        bricks.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     per_epoch = []
@@ -249,6 +258,9 @@ class FedBRICKRecipe(ClientRecipe):
         loss = train_local(model, stage1, examples, self.cfg, seed=seed, device=device,
                            loss_fn=loss_fn)
         cfg2 = self.cfg | {"local-epochs": self.cfg["fedbrick-stage2-epochs"]}
+        steps = self.cfg["fedbrick-stage2-steps"]  # "only a few local steps": a per-epoch cap
+        if steps:
+            examples = replace(examples, max_batches=min(steps, examples.max_batches or steps))
         total = cfg2["local-epochs"] * examples.num_batches(cfg2["batch-size"])
         steps = itertools.count()  # train_local calls the loss once per optimizer step
         train_local(model, stage2, examples, cfg2, seed=seed + 1, device=device,
@@ -357,7 +369,7 @@ class FedBRICK(FedRA):
             seed = self.cfg["seed"] * 1_000_003 + round_ * 1009 + 500 + i
             first, last = distill_bricks(model, bricks, data, epochs,
                                          self.cfg["fedbrick-server-lr"], self.cfg["batch-size"],
-                                         seed, device)
+                                         seed, device, self.cfg["fedbrick-server-optimizer"])
             out[domain] = [first, last]
             for name, p in bricks.named_parameters():
                 state[f"bricks.{domain}.{name}"] = p.detach().cpu().numpy().astype(np.float32)
@@ -386,6 +398,15 @@ register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="p
                                   "'local-epochs')", minimum=1),
     "fedbrick-server-epochs": Key(10, "FedBRICK: epochs of server-side BRICK distillation on the "
                                   "proxy set per round (Eq. 20; 0 = none)", minimum=0),
+    "fedbrick-stage2-steps": Key(0, "FedBRICK: cap each stage-II epoch at this many batches "
+                                 "(the paper's 'only a few local steps'; 0 = whole epochs, its "
+                                 "'one local epoch ... in both stages')", minimum=0),
+    "fedbrick-server-optimizer": Key("adam", "FedBRICK: optimizer of the server-side BRICK "
+                                     "distillation (the paper gives only its 'server learning "
+                                     "rate of 1e-4'; Adam is ours, plain SGD the alternative)",
+                                     choices=("adam", "sgd")),
+    "proxy-held-out": Key(True, "FedBRICK's proxy set is taken out of the clients' data (the "
+                          "server 'owns' it; false: the clients keep those examples too)"),
     "fedbrick-server-lr": Key(1e-4, "FedBRICK: Adam learning rate of the server-side "
                               "distillation (paper: server learning rate 1e-4)", minimum=0),
     "proxy-fraction": Key(0.05, "fraction of each domain's training examples the server holds as "

@@ -15,19 +15,27 @@ Per round t:
 Public set: ``public-fraction`` (default 20%, HeteroTune's setup) of the training data, held
 out and excluded from every client's partition; its labels are never used.
 
-Choices made here (FedDF: Adam lr 1e-3, up to 10^4 steps with early stopping on a validation
-split of the unlabelled data): ``distill-epochs`` epochs over the public set per round with
-the clients' SGD settings at ``distill-lr``, no early stopping; temperature
-``distill-temperature`` (default 1); only the trainable tensors (adapters, head) are distilled,
-the pretrained backbone stays frozen. The server's distillation runs on the evaluation models
-(``attach``), so it costs no second copy of the backbones.
+Step 4 as FedDF runs it (``feddf-distillation = paper``; its paper and public code: Adam at
+lr 1e-3 with cosine annealing, up to 10^4 distillation steps, validation every 100 steps and
+early stopping after 10^3 steps without a better validation accuracy, keeping the best model):
+``feddf-lr``, ``feddf-steps``, ``feddf-eval-every``, ``feddf-patience``. The validation split
+is ``feddf-val-fraction`` of the public set, whose labels it then uses for early stopping
+only; HeteroTune describes no validation split, so by default there is none and every round
+runs all ``feddf-steps``. ``feddf-distillation = epochs`` is the cheaper stand-in:
+``distill-epochs`` epochs over the public set with the clients' optimizer at ``distill-lr``.
+
+Choices made here: temperature ``distill-temperature`` (default 1); only the trainable
+tensors (adapters, head) are distilled, the pretrained backbone stays frozen. The server's
+distillation runs on the evaluation models (``attach``), so it costs no second copy of the
+backbones.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedtune_app.training.distill import distill, kd_loss, scores_on
+from fedtune_app.data.splits import SPLIT_SEED, Examples
+from fedtune_app.training.distill import distill, distill_steps, kd_loss, scores_on
 from fedtune_app.training.local import pick_device
 from fedtune_app.methods.fedmd import public_set
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -41,8 +49,34 @@ class FedDF(GroupStrategy):
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
-        self.public = public_set(cfg)
+        self.public, self.validation = split_validation(public_set(cfg),
+                                                        cfg["feddf-val-fraction"])
         self.device = pick_device(cfg["device"])
+
+    def fuse(self, model, plan, params, teacher, seed: int) -> None:
+        """Step 4 for one group: distil ``teacher`` into ``params``."""
+        temperature = self.cfg["distill-temperature"]
+
+        def loss(z, t):
+            return kd_loss(z, t, temperature)
+
+        if self.cfg["feddf-distillation"] == "epochs":
+            distill(model, plan, params, self.public, teacher, loss, self.cfg, seed=seed,
+                    device=self.device)
+            return
+
+        def validate():
+            scores = scores_on(model, plan, self.validation, self.cfg["eval-batch-size"],
+                               self.device)
+            return float((scores.argmax(-1) == self.validation.labels.numpy()).mean())
+
+        steps = distill_steps(model, plan, params, self.public, teacher, loss,
+                              self.cfg["feddf-steps"], self.cfg["feddf-lr"],
+                              self.cfg["batch-size"], seed, self.device,
+                              validate=validate if self.validation is not None else None,
+                              eval_every=self.cfg["feddf-eval-every"],
+                              patience=self.cfg["feddf-patience"])
+        self.history[-1].method_metrics.setdefault("feddf-steps", []).append(steps)
 
     def group_model(self, g: int):
         return self.model.groups[g], self.recipe.recipes[g], tuple(range(self.depths[g]))
@@ -57,21 +91,44 @@ class FedDF(GroupStrategy):
             logits.append(scores_on(model, plan, self.public, self.cfg["eval-batch-size"],
                                     self.device))
         teacher = np.mean(logits, axis=0)
-        temperature = self.cfg["distill-temperature"]
         new = dict(mean)
         for g in sorted({group_of[u.client] for u in updates}):  # step 4, per group
             model, recipe, plan = self.group_model(g)
             recipe.load(model, mean)
             params = recipe.trainables(model, plan)
-            distill(model, plan, list(params.values()), self.public, teacher,
-                    lambda z, t: kd_loss(z, t, temperature), self.cfg,
-                    seed=self.cfg["seed"] * 7919 + len(self.history) * 31 + g,
-                    device=self.device)
+            self.fuse(model, plan, list(params.values()), teacher,
+                      seed=self.cfg["seed"] * 7919 + len(self.history) * 31 + g)
             new |= {n: p.detach().cpu().numpy().astype(mean[n].dtype) for n, p in params.items()}
         return new
 
 
+def split_validation(public: Examples, fraction: float):
+    """(distillation set, validation set or None): the first ``fraction`` of a fixed
+    permutation of the public set validates (its labels used for early stopping only)."""
+    if fraction <= 0:
+        return public, None
+    order = np.random.default_rng(SPLIT_SEED + 5).permutation(len(public))
+    cut = max(1, int(round(fraction * len(public))))
+    return public.subset(order[cut:]), public.subset(order[:cut])
+
+
 register_method("feddf", group_strategy=FedDF, holdout="public", keys={
+    "feddf-distillation": Key("paper", "FedDF's server distillation: as its paper (Adam, "
+                              "cosine annealing, up to 'feddf-steps', early stopping on a "
+                              "validation split when 'feddf-val-fraction' > 0) or 'epochs' "
+                              "('distill-epochs' at 'distill-lr' with the clients' optimizer)",
+                              choices=("paper", "epochs")),
+    "feddf-lr": Key(1e-3, "FedDF: Adam learning rate of the server distillation (paper: 1e-3)",
+                    minimum=0),
+    "feddf-steps": Key(10_000, "FedDF: most distillation steps per round and group (paper: "
+                       "10^4)", minimum=1),
+    "feddf-eval-every": Key(100, "FedDF: validate every this many distillation steps",
+                            minimum=1),
+    "feddf-patience": Key(1000, "FedDF: stop after this many steps without a better "
+                          "validation accuracy (paper: 10^3)", minimum=1),
+    "feddf-val-fraction": Key(0.0, "FedDF: share of the public set held out, labelled, to "
+                              "validate the distillation for early stopping (0 = no split: "
+                              "HeteroTune describes none)", minimum=0, maximum=0.5),
     "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
                                minimum=1e-3),
 })

@@ -35,7 +35,9 @@ Choices the paper leaves open, made here:
     smallest depth among the groups); block j of a model with L blocks uses position
     floor(j * P / L) (relative depth), so equal depths map block to block and a 24-block model
     maps two blocks onto each position of a 12-block one (they then share that branch).
-  * The branch weights are part of a group's local state (FedAvg within the group).
+  * The branch weights are part of a group's local state (FedAvg within the group). Table 4's
+    ablation "w/o LW" (no learnable weight) is ``heterotune-learnable-weights = false``: every
+    a_i stays 1/M, untrained and not sent back; "w/o Reg" is ``heterotune-reg = 0``.
   * The FedAdapter replaces the generic adapters: key 'adapter' (lora / bottleneck) is not used;
     'adapter-modules' chooses where FedAdapters sit and 'lora-r' is r. The paper inserts "the
     FedAdapter module into each block" without naming the layer; the default is every method's
@@ -156,13 +158,19 @@ def attach_fedadapters(model, cfg: dict, group: int):
         shared = name.startswith(SHARE)
         if (shared and name.split(".")[3] == str(group)) or \
                 (not shared and (".adapter." in name or name.startswith("head."))):
-            param.requires_grad_(True)
+            param.requires_grad_(not is_fixed_branch(name, cfg))
     return model
+
+
+def is_fixed_branch(name: str, cfg: dict) -> bool:
+    """A branch weight a_i under Table 4's "w/o LW" ablation: fixed at 1/M."""
+    return name.endswith(".adapter.branch") and not cfg["heterotune-learnable-weights"]
 
 
 class HeteroTuneRecipe(ClientRecipe):
     def cache_key(self):
-        return (num_groups(self.cfg), share_positions(self.cfg))
+        return (num_groups(self.cfg), share_positions(self.cfg),
+                self.cfg["heterotune-learnable-weights"])
 
     def wire(self, name):
         return name if name.startswith(SHARE) else super().wire(name)
@@ -248,7 +256,7 @@ class HeteroTune(GroupStrategy):
 
     def reply_names(self, client, names):
         own = prefix(client.model_group)
-        return [n for n in names if n.startswith(own)
+        return [n for n in names if (n.startswith(own) and not is_fixed_branch(n, self.cfg))
                 or (n.startswith(SHARE) and n.split(".")[3] == str(client.model_group))]
 
     def aggregate(self, updates):
@@ -266,6 +274,10 @@ register_method("heterotune", group_strategy=HeteroTune, recipe=HeteroTuneRecipe
     "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
                           "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
                           "(0 = off); rank r = key 'lora-r'", minimum=0),
+    "heterotune-learnable-weights": Key(True, "HeteroTune: train the branch weights a_i of "
+                                        "the cross-model aggregator (false: fixed at 1/M, "
+                                        "Table 4's 'w/o LW' ablation; 'w/o Reg' is "
+                                        "heterotune-reg = 0)"),
     "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
                                       "L-block model uses position floor(j*P/L) (0 = the "
                                       "smallest depth among the model groups)", minimum=0),

@@ -19,6 +19,11 @@ allocation), and d_1 < d_2 < ... < d_K are the distinct depths of all clients. P
   4. shared layers by example share: theta_n <- theta_n + sum_g N_g D_g[n] / sum_{g holds n} N_g
      (N_g = examples of g's valid replies); a tensor no group sent keeps its value.
   The global model is the full L-block model.
+  ``inclusivefl-aggregation = mean`` is InclusiveFL as the official FedRA code runs it (whose
+  numbers FedRA's tables report): its main.py aggregates InclusiveFL with ``agg_baseline``, the
+  plain mean of each tensor over the clients that hold it (its ``agg_inclusiveFL`` is never
+  called): no step 3, and step 4 over clients instead of groups (by examples, or unweighted with
+  ``fedra-repo-unweighted``).
 
 Choices the paper leaves open (or that differ from its setting), made here:
   * Step 3 follows the reference implementation of InclusiveFL by the FedRA authors (FedRA repo,
@@ -107,6 +112,8 @@ class InclusiveFL(LayerPlanStrategy):
         return prefix_plans([c.capacity for c in clients], self.num_layers)
 
     def aggregate(self, updates):
+        if self.cfg["inclusivefl-aggregation"] == "mean":  # the official FedRA code's
+            return self.server_objective(updates, self.combine(updates))
         plans = self.history[-1].plans
         depth_of = {u.client: len(plans[int(u.client)]) for u in updates}
         robust = self.combine if self.cfg["aggregator"] != "mean" else None
@@ -127,6 +134,11 @@ class InclusiveFL(LayerPlanStrategy):
 
 
 register_method("inclusivefl", strategy=InclusiveFL, keys={
+    "inclusivefl-aggregation": Key("momentum-distillation", "InclusiveFL's server: its paper's "
+                                   "momentum distillation into each group's top layer, or the "
+                                   "plain mean over the clients holding each tensor (mean: how "
+                                   "the official FedRA code runs it for FedRA's tables)",
+                                   choices=("momentum-distillation", "mean")),
     "inclusivefl-beta": Key(0.2, "InclusiveFL momentum-distillation weight beta (paper: 0.2)",
                             minimum=0, maximum=1),
 })

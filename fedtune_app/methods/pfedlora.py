@@ -15,7 +15,10 @@ Algorithm, per round:
   2. iterative training (pFedLoRA Sec. 4.2): first the received homogeneous adapters C stay
      frozen while the local model's part (A_g, B_g, head) trains on local data (it absorbs the
      global knowledge), then the local part stays frozen while C trains (it takes up the local
-     knowledge), each for ``local-epochs``;
+     knowledge): ``pfedlora-model-epochs`` then ``pfedlora-adapter-epochs`` epochs (0 =
+     ``local-epochs`` each). pFedLoRA's own numbers for the two phases could not be read here
+     (no copy of its experimental section offline): set them to its paper's before citing a
+     pFedLoRA row;
   3. server: every homogeneous adapter of position k (any group, any block mapped to k) is
      averaged over all clients that sent it (example-weighted) -- the global adapter; A_g, B_g
      and the head are averaged within group g only.
@@ -38,6 +41,7 @@ from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
 from fedtune_app.methods.flexifed import split_name
 from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.config import Key
 from fedtune_app.methods.registry import register_method
 
 CORE = "lora_C"
@@ -118,10 +122,13 @@ class PFedLoRARecipe(ClientRecipe):
         local = {n: p for n, p in params.items() if f".{CORE}." not in n}
         cores = {n: p for n, p in params.items() if f".{CORE}." in n}
         loss = 0.0
+        epochs = [self.cfg[key] or self.cfg["local-epochs"]
+                  for key in ("pfedlora-model-epochs", "pfedlora-adapter-epochs")]
         for phase, (train, frozen) in enumerate(((local, cores), (cores, local))):
             for p in frozen.values():
                 p.requires_grad_(False)
-            loss = train_local(subnet, list(train.values()), examples, self.cfg,
+            loss = train_local(subnet, list(train.values()), examples,
+                               self.cfg | {"local-epochs": epochs[phase]},
                                seed=seed + phase, device=device, loss_fn=loss_fn)
             for p in frozen.values():
                 p.requires_grad_(True)
@@ -139,4 +146,11 @@ class PFedLoRA(GroupStrategy):
         return self.server_objective(updates, self.combine(updates, self.keys))
 
 
-register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe)
+register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe, keys={
+    "pfedlora-model-epochs": Key(0, "pFedLoRA iterative training, phase 1: epochs of the local "
+                                 "model's part with the homogeneous adapter frozen (0 = "
+                                 "'local-epochs')", minimum=0),
+    "pfedlora-adapter-epochs": Key(0, "pFedLoRA iterative training, phase 2: epochs of the "
+                                   "homogeneous adapter with the local part frozen (0 = "
+                                   "'local-epochs')", minimum=0),
+})

@@ -221,6 +221,20 @@ class MPNetLayered(EncoderLayered):
         LayeredModel.__init__(self, stem=MPNetStem(model.mpnet), blocks=blocks,
                               neck=MeanPool() if mean_pooling else FirstToken(), head=head)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
+
+    def library_model(self):
+        """The Hugging Face model holding our blocks, with our head as ``classifier`` (a Linear
+        on the pooled vector) and ``dropout``: the modules, by identity, that exports name."""
+        model = copy.copy(self._library_model)
+        model._modules = dict(self._library_model._modules)
+        base = copy.copy(model.mpnet)
+        base._modules = dict(model.mpnet._modules)
+        encoder = copy.copy(base.encoder)
+        encoder._modules = dict(base.encoder._modules)
+        encoder.layer, base.encoder, model.mpnet = self.blocks, encoder, base
+        model.classifier, model.dropout = self.head, self.dropout
+        return model
 
     def embed(self, inputs):
         ids, mask = inputs["input_ids"], inputs["attention_mask"]

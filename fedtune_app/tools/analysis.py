@@ -45,6 +45,7 @@ class Run:
     allocation: list[dict]
     method: str = ""  # label, may carry variant keys: "fedra[missing-layer-policy=cover-all]"
     scenario: str = "-"
+    class_names: tuple[str, ...] = ()  # the data set's, in label order (folders of older runs: ())
 
     @property
     def seed(self) -> int:
@@ -65,7 +66,8 @@ def load_run(folder) -> Run:
     return Run(folder, config["run-config"], config.get("clients", []),
                json.loads((folder / "metrics.json").read_text()),
                json.loads(allocation.read_text()) if allocation.is_file() else [],
-               method=config["run-config"]["method"])
+               method=config["run-config"]["method"],
+               class_names=tuple(config.get("class-names", ())))
 
 
 def load_runs(*paths, method_keys=()) -> list[Run]:
@@ -487,9 +489,10 @@ def plot_label_counts(runs: list[Run], path=None):
     for ax, run in zip(axes[0], first):
         counts = np.array([c["label_counts"] for c in run.clients])
         bottom = np.zeros(len(counts))
+        names = run.class_names or tuple(map(str, range(counts.shape[1])))
         for c in range(counts.shape[1]):
             ax.bar(range(len(counts)), counts[:, c], bottom=bottom, color=cmap(c % 10),
-                   label=str(c))
+                   label=names[c])
             bottom += counts[:, c]
         ax.set_xticks(range(len(counts)), [str(c["partition_id"]) for c in run.clients])
         ax.set_xlabel("client")

@@ -1,32 +1,49 @@
 """Export a run's final global model in the formats of the libraries it came from.
 
-    fedtune export results/fedra-seed0-20261123-101500 [--merge] [--out DIR]
+    fedtune export results/fedra-seed0-20261123-101500 [--merge] [--out DIR] [--extras]
 
-writes into DIR (default: ``<results folder>/export``), for a single-model run:
+writes into DIR (default: ``<results folder>/export``), for a single-model run, folders that the
+libraries' own loaders read correctly without fedtune (README "Exporting a model" says which
+loader reads which):
 
     adapter_config.json, adapter_model.safetensors
         LoRA runs: a peft adapter folder with peft's own key names for the base model
         (``base_model.model.bert.encoder.layer.3.output.dense.lora_A.weight``, the head as
         ``modules_to_save``): ``peft.PeftModel.from_pretrained(base, DIR)`` loads it.
+    base/ (LoRA runs whose pooling the library's class lacks)
+        the pretrained base model as a mean-pooling classifier (below), the base that
+        ``adapter_config.json`` names: ``AutoPeftModelForSequenceClassification.from_pretrained(
+        DIR, trust_remote_code=True)``.
     merged/ (``--merge``, LoRA runs)
-        the base model with the adapters merged into its weights, in its library's format:
-        ``save_pretrained`` (+ tokenizer) for Hugging Face models; ``model.safetensors`` +
-        ``config.json`` for timm (``timm.create_model(name, num_classes=n, pretrained=True,
-        pretrained_cfg_overlay=dict(file=DIR/merged/model.safetensors, num_classes=n))``).
-    fedtune_extras.safetensors + fedtune_extras.json
+        the model with the adapters merged into its weights, in its library's format:
+        Hugging Face folder (+ tokenizer) for transformers (``pipeline``,
+        ``AutoModelForSequenceClassification``); timm's own folder for timm
+        (``timm.create_model("local-dir:DIR/merged")``).
+    fedtune_extras.safetensors + fedtune_extras.json (``--extras``)
         every trained tensor peft has no module type for, with the base library's module paths:
         bottleneck adapters (``y + up(gelu(down(y)))`` on a Linear's output y), HeteroTune's
         fused adapters (``y + gelu(y A') B'``, Eq. 6), DepthFL's exit classifiers (``exits.<d>``
         reads the pooled features after block d; the global prediction is the mean of the exits'
         log-softmax), FedBRICK's BRICKs (``bricks.<domain>.<position>``, stand-ins for missing
         layers; the full global model does not use them); with no peft folder, the head too.
+        Where such tensors change the global model's prediction no library loader computes it:
+        the export refuses unless ``--extras`` asks for these fedtune-only files.
     pooling.json
         how the classifier reads the encoder: ``mean`` (sentence-transformers checkpoints such as
-        all-MiniLM-L6-v2 are pooled by the token mean, which the Hugging Face classification
-        class does not do; ``pooled_logits`` below applies it) or ``library`` (the library's own
-        forward gives the logits).
+        all-MiniLM-L6-v2 and all-mpnet-base-v2 are pooled by the token mean, which the Hugging
+        Face classification class does not do) or ``library`` (the library's own forward gives
+        the logits). MPNet read at its first token is refused: our head there is one Linear
+        layer, transformers' MPNet head is dense + tanh + out_proj.
     README.md
-        model card: method, data, rounds, accuracy, the run config and the commands.
+        model card: method, data, classes, rounds, accuracy, the loaders, the run config.
+
+Mean pooling: Hugging Face's ``BertForSequenceClassification`` reads the first token through its
+pooler, so a mean-pooled run's merged/ and base/ folders ship ``modeling_fedtune.py`` (token mean
+over the attention mask, dropout, classifier) named in ``config.json``'s ``auto_map``
+(``trust_remote_code=True`` loads it), and merged/ is also a sentence-transformers folder
+(Transformer -> mean Pooling -> the classifier as a Dense module with identity activation):
+``SentenceTransformer(DIR/merged).encode(texts)`` returns the logits. Class names go in
+``id2label`` / ``label2id`` (timm: ``label_names``) and the model card.
 
 A run with model groups (HeteroTune and its comparators) gets one such folder per group:
 ``DIR/group-<g>/``.
@@ -46,11 +63,11 @@ from torch import nn
 
 from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.data.groups import group_config, group_of_name, group_specs, prefix
-from fedtune_app.data.splits import num_classes_of
+from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.adapters import PEFT_ADAPTER
-from fedtune_app.model.backbones import (EncoderLayered, LayeredModel, ModelSpec, MeanPool,
-                                         build_backbone, hf_model_path, is_text_model,
-                                         tokenizer_for)
+from fedtune_app.model.backbones import (EncoderLayered, FirstToken, LayeredModel, MeanPool,
+                                         ModelSpec, build_backbone, hf_model_path,
+                                         is_text_model, tokenizer_for)
 
 _LORA = re.compile(r"^blocks\.(\d+)\.(.+)\.lora_([AB])\.weight$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -115,20 +132,143 @@ def library_name(backbone: LayeredModel, library: nn.Module, name: str) -> str:
 
 
 def pooling_of(backbone: LayeredModel) -> str:
-    return "mean" if isinstance(backbone, EncoderLayered) and \
-        isinstance(backbone.neck, MeanPool) else "library"
+    """``mean``: the token mean (shipped code); ``library``: the library class's own forward
+    computes the run's logits; ``first-token``: a Linear on the first token where the library's
+    head is another (MPNet's dense + tanh + out_proj), which no loader computes."""
+    if isinstance(backbone, EncoderLayered) and isinstance(backbone.neck, MeanPool):
+        return "mean"
+    return "first-token" if isinstance(backbone.neck, FirstToken) else "library"
 
 
-def pooled_logits(model: nn.Module, inputs: dict, pooling: str) -> torch.Tensor:
-    """Logits of an exported Hugging Face classifier (a PeftModel or the merged model) the way
-    the run computed them: ``pooling = "mean"`` takes the token mean of the last hidden states
-    over the attention mask, then the classifier; ``"library"`` is the model's own forward."""
-    if pooling == "library":
-        return model(**inputs).logits
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    encoder = getattr(inner, inner.base_model_prefix)
-    pooled = MeanPool()(encoder(**inputs).last_hidden_state, inputs["attention_mask"])
-    return inner.classifier(inner.dropout(pooled))
+# -- mean pooling as code shipped beside the weights (transformers' trust_remote_code) ----------
+MODELING_FILE = "modeling_fedtune.py"
+MEAN_POOLING_CODE = '''\
+"""Sequence classification as fedtune trained it: the token mean of the encoder's last hidden
+states over the attention mask (sentence-transformers' pooling, which the checkpoint was trained
+with), then dropout and a linear classifier. transformers' own {library_class} reads the
+first token through its pooler instead, so this file ships beside the weights, and the config's
+own model type makes loaders without it fail instead of silently pooling the first token:
+
+    AutoModelForSequenceClassification.from_pretrained(DIR, trust_remote_code=True)
+    pipeline("text-classification", model=DIR, trust_remote_code=True)
+    SentenceTransformer(DIR, trust_remote_code=True)  # AutoModel: the encoder alone
+
+The checkpoint's pooler stays (the encoder loads as it was published) but is unused.
+"""
+
+import torch
+from torch import nn
+from transformers import {config_class}, {base_class}, {library_class}
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+
+class {name}Config({config_class}):
+    model_type = "{model_type}"
+
+
+class {name}Model({base_class}):
+    config_class = {name}Config
+
+
+class {name}ForSequenceClassification({library_class}):
+    """{library_class} with the token mean in place of the first-token pooler, and dropout +
+    one Linear layer as the head (what was trained)."""
+
+    config_class = {name}Config
+
+    def __init__(self, config):
+        super().__init__(config)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        extra = {{}} if token_type_ids is None else {{"token_type_ids": token_type_ids}}
+        hidden = self.{prefix}(input_ids=input_ids, attention_mask=attention_mask,
+                               **extra).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        logits = self.classifier(self.dropout(pooled))
+        loss = None if labels is None else nn.functional.cross_entropy(
+            logits.view(-1, self.num_labels), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+'''
+
+
+def mean_pooling_names(library: nn.Module) -> dict[str, str]:
+    """Names for the shipped code, or a loud refusal where the library's classifier is not
+    dropout + one Linear on the pooled vector (what the run trained on the token mean)."""
+    import transformers
+
+    names = {"library_class": type(library).__name__,
+             "base_class": type(getattr(library, library.base_model_prefix, None)).__name__,
+             "config_class": type(getattr(library, "config", None)).__name__}
+    fits = isinstance(getattr(library, "classifier", None), nn.Linear) and \
+        isinstance(getattr(library, "dropout", None), nn.Dropout) and \
+        all(hasattr(transformers, n) for n in names.values())
+    if not fits:
+        raise ConfigError(
+            f"no library loader fits this export: the run mean-pools "
+            f"{names['library_class']}'s encoder into a Linear classifier, and the shipped "
+            "mean-pooling code supports transformers classes whose head is dropout + a Linear "
+            "`classifier` (BERT-like encoders)")
+    stem = names["library_class"].removesuffix("ForSequenceClassification")
+    return names | {"prefix": library.base_model_prefix, "name": "MeanPooled" + stem,
+                    "model_type": "fedtune-mean-pooled-" + library.config.model_type}
+
+
+def save_mean_pooled(library: nn.Module, target: Path) -> None:
+    """``library`` (a ``*ForSequenceClassification``) saved with its config and class replaced
+    by the shipped mean-pooling ones (same weights, same module names)."""
+    names = mean_pooling_names(library)
+    library.save_pretrained(str(target))
+    (target / MODELING_FILE).write_text(MEAN_POOLING_CODE.format(**names))
+    module, name = MODELING_FILE.removesuffix(".py"), names["name"]
+    config_file = target / "config.json"
+    config = json.loads(config_file.read_text())
+    config["model_type"] = names["model_type"]
+    config["architectures"] = [f"{name}ForSequenceClassification"]
+    config["auto_map"] = {"AutoConfig": f"{module}.{name}Config",
+                          "AutoModel": f"{module}.{name}Model",
+                          "AutoModelForSequenceClassification":
+                              f"{module}.{name}ForSequenceClassification"}
+    config_file.write_text(json.dumps(config, indent=2))
+
+
+def save_sentence_transformers_modules(library: nn.Module, target: Path,
+                                       max_length: int) -> None:
+    """Make ``target`` (a Hugging Face folder of ``library``) also a sentence-transformers
+    folder: Transformer (the folder itself) -> mean Pooling -> the classifier as a Dense module
+    without activation, so that ``encode`` returns the logits. ``max_seq_length`` is the run's
+    ``max-length``: the classifier saw that many tokens per text."""
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling
+
+    classifier = library.classifier
+    width, classes = classifier.in_features, classifier.out_features
+    for sub in ("1_Pooling", "2_Dense"):
+        (target / sub).mkdir(exist_ok=True)
+    Pooling(width, "mean").save(str(target / "1_Pooling"))
+    Dense(width, classes, activation_function=nn.Identity(),
+          init_weight=classifier.weight.detach().clone(),
+          init_bias=classifier.bias.detach().clone()).save(str(target / "2_Dense"))
+    kinds = ("Transformer", "Pooling", "Dense")
+    (target / "modules.json").write_text(json.dumps(
+        [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+         for i, (path, kind) in enumerate(zip(("", "1_Pooling", "2_Dense"), kinds))], indent=2))
+    (target / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": max_length, "do_lower_case": False}, indent=2))
+
+
+def set_class_names(library: nn.Module, class_names: list[str]) -> None:
+    """id2label / label2id of a transformers model (pipeline's labels) from the data set."""
+    config = getattr(library, "config", None)
+    if config is not None and hasattr(config, "id2label"):
+        config.id2label = dict(enumerate(class_names))
+        config.label2id = {name: i for i, name in enumerate(class_names)}
 
 
 def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: dict):
@@ -140,7 +280,11 @@ def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: dic
     targets = sorted({library_name(backbone, library, f"blocks.{j}.{m}")
                       for j in range(backbone.num_blocks) for m in modules})
     head = module_path(library, backbone.head)
-    config = LoraConfig(r=cfg["lora-r"], lora_alpha=cfg["lora-alpha"],
+    # transformers classifiers: peft's sequence-classification task, so that
+    # AutoPeftModelForSequenceClassification loads the base through transformers' Auto class
+    # (which honours the base folder's auto_map) and not a fixed library class
+    task = "SEQ_CLS" if backbone.family.startswith("hf") else None
+    config = LoraConfig(r=cfg["lora-r"], lora_alpha=cfg["lora-alpha"], task_type=task,
                         lora_dropout=cfg["lora-dropout"],
                         target_modules="^(?:" + "|".join(map(re.escape, targets)) + ")$",
                         modules_to_save=[head])
@@ -168,21 +312,51 @@ def base_name(spec: ModelSpec) -> str:
     return spec.name if spec.source in ("pretrained", "random") else spec.source
 
 
-def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool) -> dict:
+# extras that change what the global model predicts: no library module computes them
+_PREDICTING_EXTRAS = (".adapter.", "exits.")
+
+
+def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool,
+                 class_names: list[str], extras_ok: bool = False) -> dict:
     """One model's export into ``out``; returns what the model card lists."""
-    spec = ModelSpec.from_config(cfg, num_classes_of(cfg))
+    spec = ModelSpec.from_config(cfg, len(class_names))
     backbone = build_backbone(spec)
     library = backbone.library_model()
-    out.mkdir(parents=True, exist_ok=True)
+    set_class_names(library, class_names)
+    pooling = pooling_of(backbone)
     has_lora = any(_LORA.match(n) for n in state)
-    written = []
-    if has_lora:
-        model = peft_model_of(backbone, state, cfg)
-        model.peft_config[PEFT_ADAPTER].base_model_name_or_path = base_name(spec)
-        model.save_pretrained(str(out))
-        written += ["adapter_config.json", "adapter_model.safetensors"]
     extras = {library_name(backbone, library, n): v for n, v in state.items()
               if not _LORA.match(n) and (not has_lora or not n.startswith("head."))}
+    predicting = sorted(n for n in extras if any(k in n for k in _PREDICTING_EXTRAS))
+    if predicting and not extras_ok:
+        raise ConfigError(
+            f"no library loader computes this model: method {cfg['method']!r}, adapter "
+            f"{cfg['adapter']!r} trained tensors that peft / transformers / timm have no module "
+            f"for ({predicting[0]}, ... {len(predicting)} in all; see fedtune_extras.json's "
+            "formulas). Pass --extras to write them anyway as fedtune-only files "
+            "(fedtune_extras.safetensors + fedtune_extras.json)")
+    if merge and not has_lora:
+        raise ConfigError(f"--merge: run-config key 'adapter' = {cfg['adapter']!r}: only "
+                          "LoRA adapters merge into the base weights (a bottleneck adapter "
+                          "is non-linear); export without --merge")
+    if pooling == "first-token":
+        raise ConfigError(
+            f"no library loader fits this export: the run reads {type(library).__name__}'s "
+            "first token into one Linear layer, a head no library class has; train from a "
+            "mean-pooled (sentence-transformers) checkpoint to export it")
+    if pooling == "mean":
+        mean_pooling_names(library)  # refuse before writing anything where the code cannot fit
+    out.mkdir(parents=True, exist_ok=True)
+    written, base = [], base_name(spec)
+    if has_lora and pooling == "mean":  # the adapters' base: the pretrained model, mean-pooled
+        save_mean_pooled(library, out / "base")
+        base = str(out / "base")
+        written.append("base/")
+    if has_lora:
+        model = peft_model_of(backbone, state, cfg)
+        model.peft_config[PEFT_ADAPTER].base_model_name_or_path = base
+        model.save_pretrained(str(out))
+        written += ["adapter_config.json", "adapter_model.safetensors"]
     if extras:
         from safetensors.numpy import save_file
 
@@ -192,35 +366,72 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
         (out / "fedtune_extras.json").write_text(json.dumps(
             {"tensors": sorted(extras), "formulas": formulas}, indent=1))
         written += ["fedtune_extras.safetensors", "fedtune_extras.json"]
-    pooling = pooling_of(backbone)
     (out / "pooling.json").write_text(json.dumps({"pooling": pooling}, indent=1))
     written.append("pooling.json")
     if merge:
-        if not has_lora:
-            raise ConfigError(f"--merge: run-config key 'adapter' = {cfg['adapter']!r}: only "
-                              "LoRA adapters merge into the base weights (a bottleneck adapter "
-                              "is non-linear); export without --merge")
         merged = model.merge_and_unload()
         target = out / "merged"
         if is_text_model(spec):
-            merged.save_pretrained(str(target))
+            if pooling == "mean":
+                save_mean_pooled(merged, target)
+                save_sentence_transformers_modules(merged, target, cfg["max-length"])
+            else:
+                merged.save_pretrained(str(target))
             tokenizer_for(spec).save_pretrained(str(target))
             (target / "pooling.json").write_text(json.dumps({"pooling": pooling}, indent=1))
         else:
-            from safetensors.torch import save_file as save_torch
+            from timm.models import get_pretrained_cfg, save_for_hf
 
-            target.mkdir(parents=True, exist_ok=True)
-            save_torch({k: v.contiguous() for k, v in merged.state_dict().items()},
-                       str(target / "model.safetensors"))
-            (target / "config.json").write_text(json.dumps(
-                {"architecture": spec.name, "num_classes": spec.num_classes,
-                 "model_args": spec.kwargs}, indent=1))
+            if not hasattr(merged, "pretrained_cfg"):  # built from its class, not create_model
+                merged.pretrained_cfg = get_pretrained_cfg(spec.name).to_dict()
+            # timm's own folder (config.json with the architecture, its arguments and the
+            # class names as label_names; model.safetensors): create_model("local-dir:...")
+            save_for_hf(merged, str(target), model_config={"label_names": class_names},
+                        model_args=spec.kwargs, safe_serialization=True)
         written.append("merged/")
-    return {"model": spec.name, "source": spec.source, "base": base_name(spec),
-            "pooling": pooling, "files": written}
+    return {"model": spec.name, "source": spec.source, "base": base, "pooling": pooling,
+            "text": is_text_model(spec), "lora": has_lora, "files": written,
+            "num_classes": len(class_names)}
 
 
-def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge: bool) -> str:
+def loaders(info: dict, where: str, max_length: int) -> list[str]:
+    """The model card's loading lines for one exported folder."""
+    d = where if where != "." else "EXPORT_DIR"
+    lines = []
+    if info["text"] and info["pooling"] == "mean":
+        if "merged/" in info["files"]:
+            lines += [f'pipeline("text-classification", model="{d}/merged", '
+                      "trust_remote_code=True)  # labels are the class names",
+                      f'AutoModelForSequenceClassification.from_pretrained("{d}/merged", '
+                      "trust_remote_code=True)",
+                      f'SentenceTransformer("{d}/merged", trust_remote_code=True)'
+                      ".encode(texts)  # the logits",
+                      "# (AutoTokenizer.from_pretrained: trust_remote_code=True too; without "
+                      "it these loaders refuse the folder)"]
+        if info["lora"]:
+            lines.append(f'AutoPeftModelForSequenceClassification.from_pretrained("{d}", '
+                         "trust_remote_code=True)  # base: base/")
+    elif info["text"]:
+        if "merged/" in info["files"]:
+            lines += [f'pipeline("text-classification", model="{d}/merged")',
+                      f'AutoModelForSequenceClassification.from_pretrained("{d}/merged")']
+        if info["lora"]:  # the base is the original checkpoint: give it the head's size
+            lines.append(f'AutoPeftModelForSequenceClassification.from_pretrained("{d}", '
+                         f'num_labels={info["num_classes"]})')
+    else:
+        if "merged/" in info["files"]:
+            lines.append(f'timm.create_model("local-dir:{d}/merged")')
+        if info["lora"]:
+            lines.append(f'PeftModel.from_pretrained(timm.create_model("{info["base"]}", '
+                         f'pretrained=True, num_classes={info["num_classes"]}), "{d}")')
+    if info["text"]:
+        lines.append(f"# the run read the first {max_length} tokens of each text: "
+                     f"pipeline(..., truncation=True, max_length={max_length})")
+    return lines
+
+
+def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge: bool,
+               class_names: list[str]) -> str:
     evaluated = [m for m in metrics if m.get("accuracy") is not None]
     last = evaluated[-1] if evaluated else {}
     accuracy = f"{100 * last['accuracy']:.2f}% (round {last['round']})" if last else "not evaluated"
@@ -231,6 +442,8 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
              f"`{cfg['adapter-modules']}` (r={cfg['lora-r']}, alpha={cfg['lora-alpha']})",
              f"- data: `{cfg['dataset']}`, partitioner `{cfg['partitioner']}`, capacities "
              f"`{cfg['capacities']}`, seed {cfg['seed']}",
+             "- classes (label id: name): " + ", ".join(f"{i}: {n}"
+                                                        for i, n in enumerate(class_names)),
              f"- rounds: {cfg['num-server-rounds']}; global test accuracy {accuracy}",
              f"- from: `{folder}`",
              f"- made by: `fedtune export {shlex.quote(str(folder))}"
@@ -239,25 +452,31 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
         where = "." if g is None else f"group-{g}"
         lines += [f"## {where}: {info['model']} ({info['source']})", "",
                   f"- base model: `{info['base']}`; pooling `{info['pooling']}`",
-                  f"- files: {', '.join(info['files'])}", ""]
-    lines += ["Load (LoRA runs):", "", "```python",
-              "from peft import PeftModel",
-              "model = PeftModel.from_pretrained(base, EXPORT_DIR)  # base: the model named above",
-              "from fedtune_app.tools.export import pooled_logits  # honours pooling.json",
-              "```", "", "Run config:", "", "```", overrides, "```", ""]
+                  f"- files: {', '.join(info['files'])}", "", "Load:", "", "```python",
+                  *loaders(info, where, cfg["max-length"]), "```", ""]
+    lines += ["Run config:", "", "```", overrides, "```", ""]
     return "\n".join(lines)
 
 
-def export_run(folder: Path, out: Path | None = None, merge: bool = False) -> Path:
+def run_class_names(folder: Path, cfg: dict) -> list[str]:
+    """The class names the run recorded (its config.json), else the data set's."""
+    recorded = json.loads((folder / "config.json").read_text()).get("class-names")
+    return list(recorded) if recorded else class_names_of(cfg)
+
+
+def export_run(folder: Path, out: Path | None = None, merge: bool = False,
+               extras: bool = False) -> Path:
     folder = Path(folder).resolve()
     cfg, state, metrics = load_run(folder)
+    class_names = run_class_names(folder, cfg)
     out = Path(out or folder / "export").resolve()
     groups = {}
     for g, tensors in group_states(cfg, state).items():
         gcfg = cfg if g is None else group_config(cfg, g)
-        groups[g] = export_group(gcfg, tensors, out if g is None else out / f"group-{g}", merge)
+        groups[g] = export_group(gcfg, tensors, out if g is None else out / f"group-{g}", merge,
+                                 class_names, extras)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(model_card(cfg, metrics, groups, folder, merge))
+    (out / "README.md").write_text(model_card(cfg, metrics, groups, folder, merge, class_names))
     return out
 
 
@@ -270,10 +489,13 @@ def main(argv=None) -> None:
                         help="also save the base model with the LoRA adapters merged in")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: <results>/export)")
+    parser.add_argument("--extras", action="store_true",
+                        help="write tensors no library module computes (bottleneck adapters, "
+                             "DepthFL exits) as fedtune-only files instead of refusing")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        out = export_run(args.results, args.out, args.merge)
+        out = export_run(args.results, args.out, args.merge, args.extras)
     except ConfigError as err:
         parser.exit(2, f"fedtune export: {err}\n")
     print(out)

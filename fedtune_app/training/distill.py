@@ -3,11 +3,15 @@
 Every node and the server load the same data, so the public inputs never travel; only scores on
 them do (FedMD). Labels of the public set are never used.
 
-Distillation reuses ``train_local`` (same SGD, clipping, seeded shuffling): the public examples
-are re-labelled with their own index, so a loss sees which targets belong to its batch.
+FedMD's digest reuses ``train_local`` (the clients' optimizer, clipping, seeded shuffling);
+FedDF's server distillation runs ``distill_steps`` (its paper's Adam, step budget and early
+stopping). The public examples are re-labelled with their own index, so a loss sees which
+targets belong to its batch.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -20,9 +24,10 @@ register_keys("the public set and distillation of FedMD and FedDF", {
     "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
                            "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
                            maximum=0.9),
-    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation: epochs over the public "
-                          "set per round", minimum=1),
-    "distill-lr": Key(0.01, "learning rate of the distillation steps (SGD as local training)",
+    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation with "
+                          "feddf-distillation = epochs: epochs over the public set per round",
+                          minimum=1),
+    "distill-lr": Key(0.01, "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)",
                       minimum=0),
 })
 
@@ -67,6 +72,60 @@ def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: 
     from fedtune_app.training.local import train_local
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
-    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"]}
+    # SGD whatever the run's local optimizer: distill-lr is an SGD rate (FedMD's digest)
+    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"],
+                 "optimizer": "sgd"}
     return train_local(model, params, indexed(public), run, seed=seed, device=device,
                        loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))
+
+
+def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, targets: np.ndarray,
+                  loss, steps: int, lr: float, batch_size: int, seed: int, device,
+                  validate=None, eval_every: int = 100, patience: int = 1000) -> int:
+    """FedDF's server distillation: Adam at ``lr`` with cosine annealing over ``steps``
+    mini-batches of ``public`` (reshuffled each pass). With ``validate`` (-> accuracy), the
+    model is validated first and every ``eval_every`` steps; once ``patience`` steps have
+    passed since the best accuracy, it stops, and the best parameters are kept (the start's
+    when nothing beat it). Returns the number of steps taken."""
+    target = torch.as_tensor(targets, dtype=torch.float32, device=device)
+    optimizer = torch.optim.Adam(params, lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    gen = torch.Generator().manual_seed(seed)
+    data = indexed(public)
+
+    def passes():
+        while True:
+            yield from data.batches(batch_size, generator=gen)
+
+    def best_so_far(step: int):
+        model.eval()
+        accuracy = validate()
+        model.train()
+        return accuracy, step, [p.detach().clone() for p in params]
+
+    best = best_so_far(0) if validate else None  # (accuracy, step, parameters)
+    taken = 0
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)  # dropout draws from torch's global RNG
+        model.train()
+        for inputs, idx in itertools.islice(passes(), steps):
+            inputs = inputs.to(device) if not isinstance(inputs, dict) \
+                else {k: v.to(device) for k, v in inputs.items()}
+            value = loss(model(inputs, plan), target[idx.to(device)]).float()
+            optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            optimizer.step()
+            schedule.step()
+            taken += 1
+            if validate and taken % eval_every == 0:
+                now = best_so_far(taken)
+                if now[0] > best[0]:
+                    best = now
+                elif taken - best[1] >= patience:
+                    break
+    model.eval()
+    if validate:
+        with torch.no_grad():
+            for p, kept in zip(params, best[2]):
+                p.copy_(kept)
+    return taken
