@@ -45,7 +45,8 @@ def saved(tmp_path):
     s.history = [RoundLog(1, plans={0: (0, 1), 1: (1,)}),
                  RoundLog(2, plans={0: (0,), 1: (0, 1)}, rejected={1: "screening: x"},
                           state_updated=False),
-                 RoundLog(3, plans={0: (1,), 1: (0,)})]
+                 RoundLog(3, plans={0: (1,), 1: (0,)}, nodes={0: 11, 1: 12},
+                          errors={1: {"node": 12, "code": 5}})]
     metrics = [{"round": 1, "accuracy": None}, {"round": 2, "accuracy": np.float32(0.25)},
                {"round": 3, "accuracy": None}]
     path = save_checkpoint(tmp_path, s, metrics, cfg)
@@ -72,6 +73,9 @@ def test_resume_restores_everything_a_round_depends_on(saved):
     assert [(e.round, e.plans, e.rejected, e.state_updated) for e in after.history] == [
         (1, {0: (0, 1), 1: (1,)}, {}, True), (2, {0: (0,), 1: (0, 1)}, {1: "screening: x"}, False),
         (3, {0: (1,), 1: (0,)}, {}, True)]
+    # partition ids are ints again (JSON object keys are strings)
+    assert after.history[2].nodes == {0: 11, 1: 12}
+    assert after.history[2].errors == {1: {"node": 12, "code": 5}}
     # the file itself names the checkpoint file too, not only its folder
     again = strategy(resolve_config(KEYS | {"resume": str(path)}))
     assert resume(again, again.cfg) == metrics
