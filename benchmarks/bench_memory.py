@@ -22,6 +22,14 @@ is written once per job into a fresh cache folder before the timed processes
 (``node-setup-s``, the one-time cost of a node). The steady round time of an in-process
 federation (FedRA on MiniLM, plans change every round) is measured for both checkouts with
 ``--rounds``. Numbers land in ``benchmarks/results/bench_memory.json``.
+
+``--cold`` measures a node from an EMPTY cache instead (the first message a new device
+answers): one child that builds the node's layered checkpoint from the model (the whole backbone
+once, the default), one that fetches only its blocks from the published file
+(``fedtune publish-layered``, served on 127.0.0.1 by werkzeug with Range support; run-config
+``layered-url``/``layered-sha256``), with the bytes it fetched:
+
+    .venv/bin/python benchmarks/bench_memory.py --jobs vit-b --capacities 1,12 --cold
 """
 
 from __future__ import annotations
@@ -164,6 +172,68 @@ def block_bytes(run_config: dict) -> tuple[int, int]:
     return shared, max(blocks)
 
 
+class RangeServer:
+    """A folder served on 127.0.0.1 by werkzeug (Range requests answered with 206), from a
+    thread; ``body_bytes`` counts what it sent."""
+
+    def __init__(self, folder: Path):
+        import threading
+
+        from werkzeug.serving import make_server
+        from werkzeug.utils import send_from_directory
+        from werkzeug.wrappers import Request
+
+        self.body_bytes = 0
+
+        @Request.application
+        def app(request):
+            reply = send_from_directory(folder, request.path.lstrip("/"), request.environ,
+                                        conditional=True, max_age=0, etag=False)
+            self.body_bytes += reply.content_length or 0
+            return reply
+
+        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def publish_job(run_config: dict, folder: Path) -> tuple[str, str]:
+    """(manifest file name, its SHA-256): ``fedtune publish-layered`` in its own process."""
+    out = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "publish-layered",
+                          "--run-config", " ".join(f"{k}={json.dumps(v)}"
+                                                   for k, v in run_config.items()),
+                          "--out", str(folder)], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                        "PYTHONPATH": str(ROOT)})
+    line = out.stdout.strip().splitlines()[-1]
+    url, sha = line.split('layered-url="', 1)[1].split('" layered-sha256="')
+    return url.rsplit("/", 1)[1], sha.rstrip('"')
+
+
+def cold_rows(run_config: dict, caps: list[int], shared: int, block: int) -> list[dict]:
+    """Peak RSS of a node from an EMPTY cache, per capacity: building its layered checkpoint
+    from the model (the whole backbone once) vs fetching its blocks from the published file."""
+    public = Path(tempfile.mkdtemp(prefix="bench-memory-public-"))
+    manifest, sha = publish_job(run_config, public)
+    server = RangeServer(public)
+    rows = []
+    for capacity in caps:
+        row = {"L_i": capacity, "bound-MB": round((shared + capacity * block) * 1.10 / 2**20, 1)}
+        for label, extra in (("builds", {}), ("fetches", {"layered-url": server.url + manifest,
+                                                          "layered-sha256": sha})):
+            sent = server.body_bytes
+            run = spawn(ROOT, "after", {**run_config, **extra}, capacity,
+                        tempfile.mkdtemp(prefix="bench-memory-empty-"))
+            row |= {f"peak-RSS-MB {label}": round(run["peak-rss"] / 2**20),
+                    f"first-reply-s {label}": round(run["first-reply-s"], 2)}
+            if extra:
+                row["fetched-MB"] = round((server.body_bytes - sent) / 2**20, 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    server.server.shutdown()
+    return rows
+
+
 def spawn(checkout: Path, mode: str, run_config: dict, capacity: int, cache: str) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
@@ -223,6 +293,9 @@ def main() -> None:
     parser.add_argument("--before", default="", help="checkout to compare with")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4, help="in-process FedRA rounds (0: skip)")
+    parser.add_argument("--cold", action="store_true",
+                        help="only the empty-cache rows: a node that builds its layered "
+                             "checkpoint vs one that fetches its blocks (publish-layered)")
     parser.add_argument("--child", nargs=4, metavar=("MODE", "CONFIG", "CAPACITY", "CACHE"))
     parser.add_argument("--rounds-child", type=int)
     args = parser.parse_args()
@@ -244,9 +317,14 @@ def main() -> None:
         job = JOBS[job_key]
         caps = [c for c in map(int, args.capacities.split(",")) if c <= job["blocks"]] \
             if args.capacities else list(range(1, job["blocks"] + 1))
+        shared, block = block_bytes(job["run_config"])
+        if args.cold:
+            rows = cold_rows(job["run_config"], caps, shared, block)
+            results[job_key] = {"name": job["name"], "cold-rows": rows}
+            texts.append(table(f"{job['name']}, node from an empty cache", rows))
+            continue
         cache = tempfile.mkdtemp(prefix="bench-memory-")
         setup = node_setup(job["run_config"], cache)
-        shared, block = block_bytes(job["run_config"])
         rows = []
         for capacity in caps:
             row = {"L_i": capacity,
@@ -265,13 +343,13 @@ def main() -> None:
         results[job_key] = {"name": job["name"], "node-setup-s": setup, "rows": rows,
                             "outside-blocks-bytes": shared, "block-bytes": block}
         texts.append(table(f"{job['name']} (one-time node setup {setup:.1f} s)", rows))
-    if args.rounds:
+    if args.rounds and not args.cold:
         results["steady-round"] = {label: steady_round(checkout, args.rounds)
                                    for label, checkout in checkouts.items()}
         print("steady in-process FedRA round (MiniLM), median of rounds 2..:",
               {k: round(v["steady-s"], 2) for k, v in results["steady-round"].items()})
-    print(save("bench_memory", {"results": results, "before": args.before,
-                                "tables": texts}))
+    name = "bench_memory_cold" if args.cold else "bench_memory"
+    print(save(name, {"results": results, "before": args.before, "tables": texts}))
 
 
 if __name__ == "__main__":

