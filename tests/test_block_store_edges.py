@@ -69,3 +69,20 @@ def test_a_tensor_read_off_the_alignment_is_copied_to_an_aligned_one(tmp_path):
     store.load([None])
     assert head.weight.data_ptr() % ALIGN == 0
     assert torch.equal(head.weight.detach(), weight) and head.weight.requires_grad
+
+
+def test_blocks_fetched_part_by_part_name_the_file_of_the_part(tmp_path):
+    # a node fetching parts one by one: the store reads each part from the file it is given
+    good, bad = tmp_path / "rest.safetensors", tmp_path / "block-0.safetensors"
+    save_file({"head.weight": torch.ones(3, 2)}, str(good))
+    save_file({"blocks.0.w": torch.ones(2)}, str(bad))
+    head, block = nn.Linear(2, 3, bias=False), nn.Module()
+    block.register_buffer("w", torch.zeros(4))
+    slots = [Slot(head, "weight", True, "head.weight", (3, 2), torch.float32),
+             Slot(block, "w", False, "blocks.0.w", (4,), torch.float32)]
+    store = BlockStore(lambda part: good if part is None else bad, slots, "cpu")
+    store.load([None])
+    assert torch.equal(head.weight.detach(), torch.ones(3, 2))
+    with pytest.raises(ConfigError, match=rf"frozen-weight file {bad}: tensor 'blocks.0.w' is "
+                                          r"\(2,\) torch.float32, the model needs \(4,\)"):
+        store.load([0])
