@@ -44,6 +44,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                    ["tests/test_allocation.py"]),
     "checkpoint": ("fedtune_app/federated/checkpoint.py",
                    ["tests/test_checkpoint.py"]),
+    "block_store": ("fedtune_app/model/block_store.py",
+                    ["tests/test_block_store_edges.py", "tests/test_block_store.py", "-k",
+                     "edges or cache_is_written or truncated or gone_between or missing_model"
+                     " or memory_knob or alignment or shape or part_by_part"]),
     "nodes": ("fedtune_app/federated/nodes.py",
               ["tests/test_nodes.py", "-k", "not restarted_late_and_dead"]),
 }

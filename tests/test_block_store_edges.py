@@ -20,6 +20,9 @@ def test_the_cache_key_follows_a_replaced_local_checkpoint(tmp_path):
     spec = ModelSpec("vit_tiny", str(source))
     first = checkpoint_path(spec, tmp_path / "cache")
     assert checkpoint_path(spec, tmp_path / "cache") == first  # same file: same cache entry
+    # the same file under other constructor arguments is another model
+    assert checkpoint_path(ModelSpec("vit_tiny", str(source), "depth=2"), tmp_path / "cache") \
+        != first
     source.write_bytes(b"b" * 11)  # replaced by a file of another size
     bigger = checkpoint_path(spec, tmp_path / "cache")
     assert bigger != first
