@@ -42,8 +42,12 @@ def bench(job: dict) -> dict:
     clients = [ClientInfo(i, i, c, 100, "all") for i, c in enumerate(capacities)]
     strategy = strategy_class(cfg)(cfg, clients, model.num_blocks, state)
     rng = np.random.default_rng(0)
-    steps = {"screening": [], "mean": [], "median": [], "trimmed-mean": [], "clipped-mean": [],
-             "dp (clip + noise)": [], "state guard": []}
+    rules = ("mean", "median", "trimmed-mean", "clipped-mean", "fltrust", "centred-clip",
+             "multi-krum", "bulyan")
+    steps = {"screening": []} | {r: [] for r in rules} | {"dp (clip + noise)": [],
+                                                           "state guard": []}
+    # FLTrust's aggregation given the server's update (its root-set training is not timed)
+    reference = {n: rng.normal(0, 0.01, v.shape) for n, v in state.items()}
     for r in range(ROUNDS):
         plans = strategy.plan_round(r + 1, clients)
         sent = {str(c.partition_id): {n: state[n] for n in strategy.payload(p)}
@@ -52,8 +56,9 @@ def bench(job: dict) -> dict:
                                       for n, v in tensors.items()}, 100)
                    for pid, tensors in sent.items()]
         steps["screening"].append(timed(screen, updates, sent, cfg))
-        for rule in ("mean", "median", "trimmed-mean", "clipped-mean"):
-            steps[rule].append(timed(combine, state, updates, cfg | {"aggregator": rule}))
+        for rule in rules:
+            steps[rule].append(timed(combine, state, updates, cfg | {"aggregator": rule}, None,
+                                     reference, {}))
         steps["dp (clip + noise)"].append(timed(
             dp_combine, state, updates, cfg | {"dp-noise-multiplier": 1.0},
             np.arange(4, dtype=np.uint32), r))

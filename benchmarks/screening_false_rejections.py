@@ -118,7 +118,6 @@ def main() -> None:
     else:
         done = set()
     out.parent.mkdir(parents=True, exist_ok=True)
-    cfgs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for job in args.jobs.split(","):
             for alpha in map(float, args.alphas.split(",")):
@@ -128,7 +127,6 @@ def main() -> None:
                     rc = JOBS[job] | {"seed": seed, "dirichlet-alpha": alpha,
                                       "num-server-rounds": args.rounds, "eval-every": 1000,
                                       "test-subset": 50, "results-dir": tmp} | extra
-                    cfgs[job] = resolve_config(rc)
                     CONTEXT.clear()
                     CONTEXT.update(job=job, alpha=alpha, seed=seed)
                     before = len(RECORDS)
@@ -144,7 +142,7 @@ def main() -> None:
                     print(f"{job} alpha {alpha} seed {seed}: {len(RECORDS) - before} updates",
                           flush=True)
                     out.write_text(json.dumps({"records": RECORDS, "guard": GUARD}))
-    report(cfgs)
+    report({job: resolve_config(JOBS[job]) for job in {r["job"] for r in RECORDS}})
 
 
 def growth_bound(r, cfg) -> float:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-mean")  # federated.robust
+AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-mean", "fltrust", "centred-clip",
+               "multi-krum", "bulyan")  # federated.robust
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -216,8 +217,20 @@ KEYS: dict[str, Key] = {
     # robustness: update screening, robust aggregators, client-level DP (federated.robust)
     "aggregator": Key("mean", "how each tensor is aggregated over the clients that held it: "
                       "example-weighted mean (FedRA Eq. 2), coordinate-wise median, trimmed "
-                      "mean (trim-beta), or mean of updates clipped to their median norm",
+                      "mean (trim-beta), mean of updates clipped to their median norm, FLTrust "
+                      "(trust scores against the server's update on its root set, the proxy "
+                      "split), centred clipping, Multi-Krum or Bulyan (krum-f)",
                       choices=AGGREGATORS),
+    "krum-f": Key(1, "multi-krum and bulyan: the number of attackers f each tensor's holders "
+                  "are assumed to contain (Krum needs >= 2f + 3 holders, Bulyan >= 4f + 3; "
+                  "with fewer, the coordinate-wise median)", minimum=0),
+    "cc-tau": Key(0.0, "centred-clip: clipping radius tau of each update's distance to the "
+                  "centre (0 = the median distance of the tensor's holders)", minimum=0),
+    "cc-iterations": Key(1, "centred-clip: clipping iterations per round (the paper's l)",
+                         minimum=1),
+    "min-holders": Key(0, "FedRA: every block held by at least this many of the round's clients "
+                       "(a k-cover of the blocks, so that a robust aggregator has enough values; "
+                       "0 = FedRA's own allocation)", minimum=0),
     "trim-beta": Key(0.2, "fraction cut from each tail by aggregator = trimmed-mean (Flower's "
                      "FedTrimmedAvg default)", minimum=0, maximum=0.49),
     "screen-updates": Key(True, "reject a reply whose update is far outside its peers' or far "
@@ -430,9 +443,26 @@ def check_schedule(config: dict) -> None:
                           f"{config['lr-schedule']!r}; lower the warm-up")
 
 
+def check_robust(config: dict) -> None:
+    """A robust aggregator or allocation whose inputs the run cannot provide."""
+    if config["aggregator"] == "fltrust":
+        if config["proxy-fraction"] <= 0:
+            raise ConfigError("run-config key 'aggregator' = 'fltrust' needs a root set on the "
+                              "server: key 'proxy-fraction' > 0 (the proxy split, held out of "
+                              "every client's data)")
+        if config["model-groups"]:
+            raise ConfigError("run-config key 'aggregator' = 'fltrust' with key 'model-groups': "
+                              "the server's root-set update is computed for one model only")
+    if config["min-holders"] > 1 and config["method"] != "fedra":
+        raise ConfigError(f"run-config key 'min-holders' = {config['min-holders']} with method "
+                          f"{config['method']!r}: only FedRA's random allocation is drawn to "
+                          "cover every block k times")
+
+
 register_check(check_quorum)
 register_check(check_schedule)
 register_check(check_dp)
+register_check(check_robust)
 register_check(lambda config: parse_faults(config["fault-injection"]))
 
 

@@ -97,3 +97,20 @@ def test_round_capacity_is_uniform_on_one_to_the_declared_capacity():
     # P(1) = P(2) = P(3) = 1/3; the std of a frequency over 3000 draws is 0.0086, 0.04 > 4.5 x
     freq = np.bincount(draws[:, 0], minlength=4)[1:] / 3000
     assert np.abs(freq - 1 / 3).max() < 0.04 and draws.dtype.kind == "i"
+
+
+def test_k_cover_every_block_k_holders():
+    from fedtune_app.federated.allocation import k_cover_plans
+
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        plans = k_cover_plans([3, 2, 2, 2, 1], 4, rng, k=2)
+        m = allocation_matrix(plans, 4)
+        assert m.sum(axis=1).tolist() == [3, 2, 2, 2, 1] and m.sum(axis=0).min() >= 2
+        # capacities summing to exactly k L: every block exactly k holders
+        exact = allocation_matrix(k_cover_plans([2, 2, 2, 2, 1, 3], 4, rng, k=3), 4)
+        assert exact.sum(axis=0).tolist() == [3, 3, 3, 3]
+    with pytest.raises(ConfigError, match="'min-holders' = 3.*sum 10"):
+        k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)  # 10 < 12
+    with pytest.raises(ConfigError, match="'min-holders' = 3"):
+        k_cover_plans([4, 4], 4, np.random.default_rng(0), k=3)  # 2 clients

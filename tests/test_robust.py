@@ -328,3 +328,187 @@ def test_every_method_screens_before_its_own_aggregation(method, tmp_path):
     for record in records(folder):
         assert list(record["rejected"]) == [str(ATTACKER)], record["rejected"]
     assert all(np.isfinite(v).all() for v in final_state(folder).values())
+
+
+# -- the defences against in-bound attackers, by hand ----------------------------------------
+def test_fltrust_trust_scores_and_rescaling_by_hand():
+    state = {"a": f32(0, 0), "b": f32(0), "c": f32(5)}
+    server = {"a": np.array([3.0, 4.0]), "b": np.array([2.0]), "c": np.array([1.0])}
+    updates = [ClientUpdate("1", {"a": f32(6, 8)}, 1),  # cos 1 with (3, 4): trust 1
+               ClientUpdate("2", {"a": f32(-3, -4), "c": f32(9)}, 1),  # cos over (a, c) < 0: 0
+               # (4, -3) is orthogonal to (3, 4); over (a, b): dot 0 + 2 x 2 = 4, norms^2 25 + 4
+               # and 25 + 4: cos 4 / 29
+               ClientUpdate("3", {"a": f32(4, -3), "b": f32(2)}, 1)]
+    from fedtune_app.federated.robust import trust_scores
+
+    scores = trust_scores(updates, state, server)
+    assert scores["1"] == pytest.approx(1.0, rel=1e-12)
+    assert scores["2"] == 0.0 and scores["3"] == pytest.approx(4 / 29, rel=1e-12)
+    new = combine(state, updates, cfg(aggregator="fltrust"), reference=server)
+    # 'a': each update rescaled to ||(3, 4)|| = 5: (3, 4) and (4, -3); weights 1 and 4/29:
+    # (3 + 16/29, 4 - 12/29) / (33/29) = (103/33, 104/33)
+    np.testing.assert_allclose(new["a"], f32(103 / 33, 104 / 33), rtol=1e-6)
+    np.testing.assert_allclose(new["b"], f32(2), rtol=1e-6)  # rescaled to ||2|| = 2, one holder
+    assert new["c"] == f32(5)  # its only holder is untrusted: no step
+
+
+def test_centred_clipping_by_hand():
+    from fedtune_app.federated.robust import centred_clip
+
+    deltas = np.array([[1.0, 0.0], [0.0, 1.0], [10.0, 0.0]])
+    # tau 1: (10, 0) is clipped to (1, 0); mean of (1, 0), (0, 1), (1, 0) = (2/3, 1/3)
+    np.testing.assert_allclose(centred_clip(deltas, np.zeros(2), 1.0, 1), [2 / 3, 1 / 3])
+    # tau 0: the median distance {1, 1, 10} = 1, the same
+    np.testing.assert_allclose(centred_clip(deltas, np.zeros(2), 0.0, 1), [2 / 3, 1 / 3])
+    # a second iteration from v = (2/3, 1/3): gaps (1/3, -1/3), (-2/3, 2/3) unclipped,
+    # (28/3, -1/3) of norm sqrt(785)/3 clipped to norm 1
+    far = np.array([28 / 3, -1 / 3]) / (np.sqrt(785) / 3)
+    step = (np.array([1 / 3, -1 / 3]) + np.array([-2 / 3, 2 / 3]) + far) / 3
+    np.testing.assert_allclose(centred_clip(deltas, np.zeros(2), 1.0, 2),
+                               np.array([2 / 3, 1 / 3]) + step, rtol=1e-12)
+    # the centre is the previous round's aggregate: combine keeps it per key
+    state = {"a": f32(1, 1)}
+    ups = [ClientUpdate(str(i), {"a": state["a"] + f32(*d)}, 1) for i, d in enumerate(deltas)]
+    centres = {}
+    new = combine(state, ups, cfg(aggregator="centred-clip", **{"cc-tau": 1.0}), memory=centres)
+    np.testing.assert_allclose(new["a"], f32(1 + 2 / 3, 1 + 1 / 3), rtol=1e-6)
+    np.testing.assert_allclose(centres["a"], [2 / 3, 1 / 3])
+    # next round, the same updates, centred on (2/3, 1/3): the two-iteration result above
+    again = combine(state, ups, cfg(aggregator="centred-clip", **{"cc-tau": 1.0}),
+                    memory=centres)
+    np.testing.assert_allclose(again["a"], f32(*(1 + np.array([2 / 3, 1 / 3]) + step)),
+                               rtol=1e-6)
+
+
+def test_multi_krum_and_bulyan_with_holder_masks_by_hand():
+    from fedtune_app.federated.robust import bulyan, krum_scores, multi_krum
+
+    five = np.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
+    # f = 1: each score sums the squared distances to the n - f - 2 = 2 nearest others
+    np.testing.assert_array_equal(krum_scores(five, 1), [5, 2, 2, 5, 9409 + 9604])
+    np.testing.assert_array_equal(multi_krum(five, 1), [1.5])  # the 4 best: 0, 1, 2, 3
+    # Bulyan, f = 1, n = 7: Krum picks 2 (score 10), 1 (14, tie with 3: the first), 3, 0, 4;
+    # then the
+    # beta = 5 - 2 = 3 values nearest the median 2 of each coordinate: 1, 2, 3
+    seven = np.array([[0.0], [1.0], [2.0], [3.0], [4.0], [50.0], [-60.0]])
+    np.testing.assert_array_equal(bulyan(seven, 1), [2.0])
+    np.testing.assert_array_equal(bulyan(five, 1), [2.0])  # 5 < 4f + 3: the median
+    # per tensor over its holders: 'a' has the five holders, 'b' two (< 2f + 3: their median)
+    state = {"a": f32(0), "b": f32(0)}
+    ups = [ClientUpdate(str(i), {"a": f32(v)} | ({"b": f32(10 * (i + 1))} if i in (0, 4) else {}),
+                        1) for i, v in enumerate((0, 1, 2, 3, 100))]
+    new = combine(state, ups, cfg(aggregator="multi-krum", **{"krum-f": 1}))
+    assert new["a"] == f32(1.5) and new["b"] == f32(30)
+
+
+# -- the adaptive attacks stay inside the bounds they target ----------------------------------
+def adaptive_round():
+    """Six clients: 'h' held by all (a head, global value 0), 'pair' by clients 0 and 5,
+    'alone' by client 0 only (a fresh LoRA B: zeros); honest updates N(0.3, 0.05^2)."""
+    rng = np.random.default_rng(3)
+    sent, updates = {}, {}
+    for c in map(str, range(6)):
+        sent[c] = {"h": np.zeros(8, np.float32)}
+        if c in "05":
+            sent[c]["pair"] = np.full(4, 0.5, np.float32)
+        if c == "0":
+            sent[c]["alone"] = np.zeros(4, np.float32)
+        updates[c] = {n: rng.normal(0.3, 0.05, v.shape) for n, v in sent[c].items()}
+    return sent, updates
+
+
+@pytest.mark.parametrize("attackers", [["0"], ["0", "1"]])
+@pytest.mark.parametrize("attack", ["alie", "ipm", "min-max", "min-sum", "flip-in-bound",
+                                    "fewest", "lie"])
+def test_each_adaptive_attack_stays_inside_screening(attack, attackers):
+    from fedtune_app.tools.attacks import craft_round
+
+    sent, updates = adaptive_round()
+    c = cfg(**{"screen-peer-ratio": 10.0, "screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    crafted = craft_round(attack, attackers, updates, sent, c)
+    honest = [ClientUpdate(k, {n: sent[k][n] + d for n, d in t.items()}, 1)
+              for k, t in updates.items() if k not in attackers]
+    sent_all = [ClientUpdate(a, {n: sent[a][n] + d for n, d in t.items()}, 1)
+                for a, t in crafted.items()]
+    assert screen(honest + sent_all, sent, c) == {}  # nobody rejected, attackers included
+    assert all(crafted[a].keys() == updates[a].keys() for a in attackers)
+    ref = np.stack([updates[k]["h"] for k in updates if k not in attackers])
+    mu, sigma = ref.mean(axis=0), ref.std(axis=0)
+    h = crafted[attackers[0]]["h"]
+    if attack == "alie":  # mu - 1.5 sigma: 1.5 std below the mean in every coordinate
+        np.testing.assert_allclose(h, mu - 1.5 * sigma)
+    if attack == "ipm":
+        np.testing.assert_allclose(h, -2.0 * mu)
+    if attack in ("min-max", "min-sum"):
+        # the largest step along -mu that keeps the distance statistic within the honest one
+        dist = lambda x: (max(np.linalg.norm(x - d) for d in ref) if attack == "min-max"  # noqa
+                          else sum(np.linalg.norm(x - d) ** 2 for d in ref))
+        limit = (max(np.linalg.norm(a - b) for a in ref for b in ref) if attack == "min-max"
+                 else max(sum(np.linalg.norm(a - b) ** 2 for b in ref) for a in ref))
+        p = -mu / np.linalg.norm(mu)
+        gamma = float((h - mu) @ p)
+        np.testing.assert_allclose(h, mu + gamma * p, atol=1e-12)
+        assert dist(h) <= limit * (1 + 1e-12) and dist(mu + 1.001 * gamma * p) > limit
+    if attack in ("flip-in-bound", "lie", "fewest"):
+        # sign-flipped (fewest: only where the fewest hold it), as far as screening allows:
+        # 1.25 x further on any such tensor and the attacker is rejected
+        a = attackers[0]
+        flipped = ["alone", "pair"] if attack == "fewest" else list(crafted[a])
+        for name in crafted[a]:
+            if name not in flipped:
+                np.testing.assert_array_equal(crafted[a][name], updates[a][name])
+                continue
+            # fewest flips the honest holders' mean (its own update where it holds alone)
+            others = [updates[k][name] for k in updates if k not in attackers and name in
+                      updates[k]] or [updates[a][name]]
+            direction = np.mean(others, axis=0) if attack == "fewest" else updates[a][name]
+            assert float(crafted[a][name] @ direction) < 0
+            louder = {k: dict(t) for k, t in crafted.items()}
+            louder[a][name] = crafted[a][name] * 1.25
+            ups = [ClientUpdate(k, {n: sent[k][n] + d for n, d in t.items()}, 1)
+                   for k, t in louder.items()]
+            assert a in screen(honest + ups, sent, c)
+
+
+# -- whole runs: an in-bound attacker against each defence -----------------------------------
+def attack_grid(attack, attackers=(0,)):
+    from fedtune_app.tools.attacks import AttackGrid
+
+    return lambda app, nodes, rc, faults: AttackGrid(app, nodes, rc, resolve_config(rc),
+                                                     attack, list(attackers))
+
+
+def distance(a, b):
+    return float(np.sqrt(sum(np.sum((a[n].astype(np.float64) - b[n]) ** 2) for n in b)))
+
+
+# five clients with enough capacity for 3 holders of each of the 4 blocks (sum 14 >= 12)
+COVERED = TWO_ROUNDS | {"capacities": "4,3,3,2,2", "min-holders": 3}
+
+
+@pytest.mark.parametrize("defence", [
+    {"aggregator": "fltrust"}, COVERED | {"aggregator": "centred-clip"},
+    COVERED | {"aggregator": "multi-krum"}, COVERED | {"aggregator": "median"},
+    COVERED | {"aggregator": "bulyan", "capacities": "4,3,3,2,2,2,2"}])
+def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):
+    """Client 0 sends its update sign-flipped and scaled up to screening's bounds (never
+    rejected): under the mean it drags the state far away; under each defence the state ends no
+    further from the run without client 0's replies than the honest run does (the attacker
+    weighs no more than an honest client). FLTrust gives it trust 0: exactly the dropped run."""
+    from flwr.app import MessageType
+
+    drop = {0: lambda msg, reply: None if msg.metadata.message_type == MessageType.TRAIN
+            else reply}
+    keys = TWO_ROUNDS | defence
+    attacked = run(tmp_path / "a", grid_class=attack_grid("flip-in-bound"), **keys)
+    assert all(not r["rejected"] for r in records(attacked))  # in bound: never rejected
+    dropped = final_state(run(tmp_path / "d", faults=drop, **keys))
+    honest = distance(final_state(run(tmp_path / "h", **keys)), dropped)
+    undefended = distance(final_state(run(tmp_path / "m", grid_class=attack_grid(
+        "flip-in-bound"), **keys | {"aggregator": "mean"})), dropped)
+    got = distance(final_state(attacked), dropped)
+    assert undefended > 5 * honest
+    if defence["aggregator"] == "fltrust":
+        assert got <= 1e-6 * honest
+    else:
+        assert got <= 1.5 * honest, (got, honest, undefended)

@@ -497,8 +497,12 @@ HOLDOUTS: dict[str, str] = {}
 
 def holds_out_proxy(cfg: dict) -> bool:
     """Is the server's proxy split taken out of the clients' data in this run?"""
-    return cfg["proxy-fraction"] > 0 and cfg["proxy-held-out"] and \
-        (HOLDOUTS.get(cfg["method"]) == "proxy" or cfg["proxy-for-all-methods"])
+    if cfg["proxy-fraction"] <= 0:
+        return False
+    if cfg["aggregator"] == "fltrust":  # its root set: the server's alone
+        return True
+    return cfg["proxy-held-out"] and (HOLDOUTS.get(cfg["method"]) == "proxy"
+                                      or cfg["proxy-for-all-methods"])
 
 
 def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:

@@ -44,12 +44,43 @@ def covering_plans(capacities, num_layers: int, rng: np.random.Generator) -> lis
     held = [set() for _ in capacities]
     for block, client in zip(rng.permutation(num_layers), slots):
         held[client].add(int(block))
+    return fill_to_capacity(held, capacities, num_layers, rng)
+
+
+def fill_to_capacity(held: list[set], capacities, num_layers: int,
+                     rng: np.random.Generator) -> list[Plan]:
+    """Each client tops up the blocks it was dealt with a uniform subset of those it lacks."""
     for client, c in enumerate(capacities):
         lacking = np.array(sorted(set(range(num_layers)) - held[client]))
         extra = c - len(held[client])
         if extra:
             held[client].update(rng.choice(lacking, size=extra, replace=False).tolist())
     return [tuple(sorted(h)) for h in held]
+
+
+def k_cover_plans(capacities, num_layers: int, rng: np.random.Generator, k: int) -> list[Plan]:
+    """Every block held by at least ``k`` of the clients (Eq. 3 with k in place of 1: column sums
+    >= k), row sums L_i, so that a robust aggregator always has k values per block.
+
+    The k copies of a random permutation of the blocks, laid end to end, are cut into runs of
+    L_i consecutive entries, one run per client in random order, until all k L entries are dealt
+    (McNaughton's wrap-around rule: a run of at most L consecutive entries of a sequence with
+    period L never repeats a block). Each client then fills its remaining capacity with a uniform
+    subset of the blocks it lacks. Needs sum L_i >= k L and k <= the number of clients."""
+    if k > len(capacities) or sum(capacities) < k * num_layers:
+        raise ConfigError(
+            f"run-config key 'min-holders' = {k}: every block held by {k} clients needs at least "
+            f"{k} clients whose capacities sum to >= {k} x {num_layers} blocks = "
+            f"{k * num_layers}; this round's {len(capacities)} clients have capacities "
+            f"{list(capacities)} (sum {sum(capacities)})")
+    sequence = np.tile(rng.permutation(num_layers), k)
+    held = [set() for _ in capacities]
+    start = 0
+    for client in rng.permutation(len(capacities)):
+        run = sequence[start:start + capacities[client]]
+        held[client].update(int(b) for b in run)
+        start += len(run)
+    return fill_to_capacity(held, capacities, num_layers, rng)
 
 
 def prefix_plans(capacities, num_layers: int, rng=None) -> list[Plan]:

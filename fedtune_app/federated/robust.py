@@ -36,6 +36,29 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
                  adaptive bound), then the example-weighted mean
+  fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
+                 block) for one local round on its root set, the proxy split held out of every
+                 client's data (``proxy-fraction``), giving its update g; client i's trust score
+                 is ReLU(cos(Delta_i, g)) over the tensors it held (g masked to its plan); each
+                 holder's update of t is rescaled to ||g_t|| and the trust-weighted mean taken.
+                 No trusted holder: t does not move. Example counts are not used.
+  centred-clip   centred clipping (Karimireddy, He and Jaggi, ICML 2021, Alg. 2):
+                 v <- v + mean_i clip_tau(Delta_i - v), ``cc-iterations`` times, from v = the
+                 previous round's aggregated update of t (server momentum: the history the rule
+                 is centred on; kept in the checkpoint); tau = ``cc-tau`` or, 0, the holders'
+                 median distance to v. Unweighted. The paper's worker momentum is not here:
+                 clients are sampled and keep no state; a local round of several steps plays
+                 its part of averaging out the noise.
+  multi-krum     (Blanchard et al., NeurIPS 2017) the mean of the n - f updates of lowest Krum
+                 score (sum of squared distances to the n - f - 2 nearest), f = ``krum-f``,
+                 computed per tensor over its n holders; needs n >= 2f + 3
+  bulyan         (El Mhamdi et al., ICML 2018) n - 2f updates picked by Krum one at a time, then
+                 per coordinate the mean of the n - 4f values nearest the median; n >= 4f + 3
+                 multi-krum and bulyan with fewer holders than they need: the coordinate-wise
+                 median (their guarantee is void there, as the median's with 1 or 2 holders).
+
+Coverage (``min-holders`` k > 1, FedRA): the allocation holds every block with at least k of
+the round's clients (``allocation.k_cover_plans``), so that every rule above has k values.
 
 Client-level DP (``dp-noise-multiplier`` > 0; DP-FedAvg, McMahan et al., ICLR 2018): each
 client's whole update (all tensors it sent, as one vector) is clipped to L2 norm
@@ -62,6 +85,7 @@ screening accepted, is not taken: the round keeps the previous state and says wh
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
@@ -127,37 +151,149 @@ def names_of(keys: dict[str, str]) -> dict[str, list[str]]:
 
 
 def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
-            keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+            keys: dict[str, str] | None = None, reference: dict[str, np.ndarray] | None = None,
+            memory: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """New state from ``updates`` with the run's aggregator (module docstring); tensors with the
-    same key (``keys``: name -> key, default each name its own) share one value."""
+    same key (``keys``: name -> key, default each name its own) share one value. ``reference``:
+    the server's own update on its root set, name -> tensor (fltrust); ``memory``: key -> the
+    previous round's aggregated update, updated in place (centred-clip)."""
     rule = cfg["aggregator"]
     if rule == "mean":
         return (masked_weighted_mean(state, updates) if keys is None else
                 keyed_weighted_mean(state, updates, keys))
     keys = keys or {n: n for n in state}
     names = names_of(keys)
-    groups: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}  # key -> (value, sent, n)
+    trust = trust_scores(updates, state, reference) if rule == "fltrust" else {}
+    groups: dict[str, list[Held]] = {}  # key -> its holders' (client, update, sent, examples)
     for u in sorted(updates, key=lambda u: u.client):
         for name, value in u.tensors.items():
             groups.setdefault(keys[name], []).append(
-                (value.astype(np.float64), state[name], u.num_examples))
+                Held(u.client, value.astype(np.float64) - state[name], state[name],
+                     u.num_examples))
     new_state = dict(state)
     for key, held in groups.items():
-        values = np.stack([v for v, _, _ in held])
+        values = np.stack([h.sent + h.delta for h in held])
+        deltas = np.stack([h.delta for h in held])
         if rule == "median":
             agg = np.median(values, axis=0)
         elif rule == "trimmed-mean":
             agg = trim_mean(values, cfg["trim-beta"])
-        else:  # clipped-mean
-            deltas = [v - s for v, s, _ in held]
+        elif rule == "clipped-mean":
             bound = float(np.median([norm(d) for d in deltas]))
-            clipped = [s + d * min(1.0, bound / max(norm(d), 1e-300))
-                       for d, (_, s, _) in zip(deltas, held)]
-            weights = np.array([n for _, _, n in held], dtype=np.float64)
+            clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))
+                       for h in held]
+            weights = np.array([h.examples for h in held], dtype=np.float64)
             agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
+        elif rule == "fltrust":
+            agg = held[0].sent + fltrust_step(deltas, [trust[h.client] for h in held],
+                                              reference[names[key][0]])
+        elif rule == "centred-clip":
+            centre = memory.get(key, np.zeros_like(deltas[0])) if memory is not None \
+                else np.zeros_like(deltas[0])
+            step = centred_clip(deltas, centre, cfg["cc-tau"], cfg["cc-iterations"])
+            if memory is not None:
+                memory[key] = step
+            agg = held[0].sent + step
+        elif rule == "multi-krum":
+            agg = held[0].sent + multi_krum(deltas, cfg["krum-f"])
+        else:  # bulyan
+            agg = held[0].sent + bulyan(deltas, cfg["krum-f"])
         for name in names[key]:
             new_state[name] = agg.astype(state[name].dtype)
     return new_state
+
+
+@dataclass
+class Held:
+    """One holder's update of one tensor."""
+
+    client: str
+    delta: np.ndarray
+    sent: np.ndarray
+    examples: int
+
+
+# -- FLTrust (Cao et al., NDSS 2021) --------------------------------------------------------------
+def trust_scores(updates: list[ClientUpdate], state: dict[str, np.ndarray],
+                 reference: dict[str, np.ndarray] | None) -> dict[str, float]:
+    """Client -> ReLU(cos(its update, the server's update)), both over the tensors the client
+    held (the server's update masked to the client's plan)."""
+    if reference is None:
+        raise ValueError("aggregator = fltrust needs the server's update on its root set")
+    scores = {}
+    for u in updates:
+        dot = sq_u = sq_g = 0.0
+        for name, value in u.tensors.items():
+            d = value.astype(np.float64).ravel() - state[name].ravel()
+            g = reference[name].astype(np.float64).ravel()
+            dot, sq_u, sq_g = dot + float(d @ g), sq_u + float(d @ d), sq_g + float(g @ g)
+        scores[u.client] = max(0.0, dot / np.sqrt(sq_u * sq_g)) if sq_u * sq_g > 0 else 0.0
+    return scores
+
+
+def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray) -> np.ndarray:
+    """FLTrust's aggregate of one tensor: the holders' updates rescaled to the norm of the
+    server's update of that tensor, averaged with weights = their trust scores; nothing (a zero
+    step) when no holder is trusted."""
+    weights = np.asarray(trust, dtype=np.float64)
+    if weights.sum() <= 0:
+        return np.zeros_like(deltas[0])
+    target = norm(server)
+    rescaled = [d * (target / n if (n := norm(d)) > 0 else 0.0) for d in deltas]
+    return np.tensordot(weights, np.stack(rescaled), axes=1) / weights.sum()
+
+
+# -- centred clipping (Karimireddy, He and Jaggi, ICML 2021, Alg. 2) -----------------------------
+def centred_clip(deltas: np.ndarray, centre: np.ndarray, tau: float,
+                 iterations: int) -> np.ndarray:
+    """v <- v + mean_i clip_tau(Delta_i - v), ``iterations`` times from v = ``centre`` (the
+    previous round's aggregated update: the history the rule is centred on); clip_tau scales a
+    vector down to L2 norm tau. ``tau`` 0: the median of the holders' ||Delta_i - centre||."""
+    v = centre.astype(np.float64)
+    for _ in range(iterations):
+        gaps = [d - v for d in deltas]
+        radius = tau or float(np.median([norm(g) for g in gaps]))
+        v = v + np.mean([g * min(1.0, radius / n) if (n := norm(g)) > 0 else g
+                         for g in gaps], axis=0)
+    return v
+
+
+# -- Multi-Krum and Bulyan (Blanchard et al. 2017; El Mhamdi et al. 2018) ------------------------
+def krum_scores(deltas: np.ndarray, f: int) -> np.ndarray:
+    """Krum's score of each update: the sum of its squared distances to its n - f - 2 nearest
+    other updates."""
+    flat = deltas.reshape(len(deltas), -1)
+    d2 = np.sum((flat[:, None, :] - flat[None, :, :]) ** 2, axis=-1)
+    nearest = max(len(deltas) - f - 2, 0)
+    return np.array([np.sort(np.delete(row, i))[:nearest].sum() for i, row in enumerate(d2)])
+
+
+def multi_krum(deltas: np.ndarray, f: int) -> np.ndarray:
+    """Mean of the n - f updates of lowest Krum score (needs n >= 2f + 3 holders; with fewer,
+    Krum's guarantee is void and the coordinate-wise median is taken instead)."""
+    n = len(deltas)
+    if n < 2 * f + 3:
+        return np.median(deltas, axis=0)
+    chosen = np.argsort(krum_scores(deltas, f), kind="stable")[: n - f]
+    return deltas[np.sort(chosen)].mean(axis=0)
+
+
+def bulyan(deltas: np.ndarray, f: int) -> np.ndarray:
+    """Bulyan: theta = n - 2f updates chosen by Krum one at a time (each pick removed), then per
+    coordinate the mean of the beta = theta - 2f values closest to the coordinate's median
+    (needs n >= 4f + 3 holders; with fewer, the coordinate-wise median)."""
+    n = len(deltas)
+    if n < 4 * f + 3:
+        return np.median(deltas, axis=0)
+    left = list(range(n))
+    chosen = []
+    while len(chosen) < n - 2 * f:
+        chosen.append(left.pop(int(np.argmin(krum_scores(deltas[left], f)))))
+    picked = deltas[sorted(chosen)]
+    beta = len(picked) - 2 * f
+    median = np.median(picked, axis=0)
+    order = np.argsort(np.abs(picked - median), axis=0, kind="stable")[:beta]
+    return np.take_along_axis(picked, order, axis=0).mean(axis=0)
 
 
 def dp_noise_entropy(cfg: dict) -> np.ndarray:

@@ -84,6 +84,7 @@ class LayerPlanStrategy(Strategy):
         self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
         self.dp = cfg["dp-noise-multiplier"] > 0
         self.dp_entropy = dp_noise_entropy(cfg) if self.dp else None  # the DP noise's seed
+        self.centres: dict[str, np.ndarray] = {}  # centred-clip: last aggregated update per key
 
     # -- what a method decides ------------------------------------------------------------
     def plan_round(self, server_round: int, clients: list[ClientInfo]) -> list[Plan]:
@@ -104,7 +105,9 @@ class LayerPlanStrategy(Strategy):
         if self.dp:
             return dp_combine(self.state, updates, self.cfg, self.dp_entropy,
                               self.history[-1].round, keys)
-        return combine(self.state, updates, self.cfg, keys)
+        reference = (self.recipe.root_update(self.model, self.state, self.history[-1].round)
+                     if self.cfg["aggregator"] == "fltrust" else None)
+        return combine(self.state, updates, self.cfg, keys, reference, self.centres)
 
     def server_objective(self, updates: list[ClientUpdate],
                          mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -153,12 +156,15 @@ class LayerPlanStrategy(Strategy):
         go into the checkpoint so that a resumed run continues exactly. A method with its own
         extends this one's (FedDyn's h; the DP noise seed)."""
         dp = {} if self.dp_entropy is None else {"dp-noise-seed": self.dp_entropy}
-        return {f"feddyn-h/{n}": v for n, v in self.h.items()} | dp
+        return ({f"feddyn-h/{n}": v for n, v in self.h.items()} | dp
+                | {f"cc-centre/{k}": v for k, v in self.centres.items()})
 
     def load_extra_state(self, tensors: dict[str, np.ndarray]) -> None:
         """Inverse of ``extra_state`` (resume)."""
         self.h = {k.removeprefix("feddyn-h/"): v for k, v in tensors.items()
                   if k.startswith("feddyn-h/")}
+        self.centres = {k.removeprefix("cc-centre/"): v for k, v in tensors.items()
+                        if k.startswith("cc-centre/")}
         if self.dp:
             self.dp_entropy = tensors["dp-noise-seed"]
 

@@ -20,7 +20,7 @@ domain (``client-sampling = per-domain``, set in the T2 presets).
 
 from __future__ import annotations
 
-from fedtune_app.federated.allocation import covering_plans, random_plans
+from fedtune_app.federated.allocation import covering_plans, k_cover_plans, random_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 
@@ -30,6 +30,8 @@ class FedRA(LayerPlanStrategy):
 
     def plan_round(self, server_round, clients):
         capacities = [c.capacity for c in clients]
+        if self.cfg["min-holders"] > 1:  # robustness: k holders per block (federated.robust)
+            return k_cover_plans(capacities, self.num_layers, self.rng, self.cfg["min-holders"])
         draw = covering_plans if self.cfg["missing-layer-policy"] == "cover-all" else random_plans
         return draw(capacities, self.num_layers, self.rng)
 

@@ -78,6 +78,26 @@ class ClientRecipe:
         return train_local(model.subnetwork(plan), list(params.values()), examples, self.cfg,
                            seed=seed, device=device, loss_fn=loss_fn)
 
+    def root_update(self, model: LayeredModel, state: dict[str, np.ndarray],
+                    server_round: int) -> dict[str, np.ndarray]:
+        """FLTrust's server update (``aggregator = fltrust``): the global model, every block, after
+        one round of the clients' local training on the server's root set (the proxy split,
+        held out of every client's data); name -> trained - ``state``. Same optimiser, epochs
+        and loss as a client; its own seed (partition id -1)."""
+        from fedtune_app.data.splits import load_data, proxy_indices
+
+        splits = load_data(self.cfg)
+        root = splits.train.subset(proxy_indices(self.cfg, splits))
+        plan = tuple(range(model.num_blocks))
+        self.load(model, state)
+        params = self.trainables(model, plan)
+        device = next(model.parameters()).device
+        seed = self.cfg["seed"] * 1_000_003 + server_round * 1009 - 1
+        self.fit(model, plan, params, root, seed, device,
+                 lambda inputs, labels: self.loss(model, plan, inputs, labels), server_round)
+        return {n: p.detach().cpu().numpy().astype(np.float64) - state[n]
+                for n, p in params.items()}
+
     def reply(self) -> dict[str, np.ndarray]:
         """Tensors the client sends back besides the trained ones (FedMD: its class scores on
         the public set), after ``fit``."""
