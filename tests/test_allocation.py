@@ -3,7 +3,7 @@ import pytest
 
 from fedtune_app.federated.allocation import (allocation_matrix, check_capacities, covering_plans,
                                     draw_round_capacities, full_plans, prefix_plans,
-                                    random_plans, smallest_prefix_plans)
+                                    k_cover_plans, random_plans, smallest_prefix_plans)
 from fedtune_app.config import ConfigError
 
 CAPS = [12, 10, 8, 6, 4, 3]
@@ -114,3 +114,14 @@ def test_k_cover_every_block_k_holders():
         k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)  # 10 < 12
     with pytest.raises(ConfigError, match="'min-holders' = 3"):
         k_cover_plans([4, 4], 4, np.random.default_rng(0), k=3)  # 2 clients
+
+
+def test_k_cover_with_as_many_clients_as_k_and_its_message():
+    # k = 2 clients of capacity 4 on 4 blocks: both hold everything
+    assert k_cover_plans([4, 4], 4, np.random.default_rng(0), k=2) == [(0, 1, 2, 3)] * 2
+    with pytest.raises(ConfigError) as err:
+        k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)
+    assert str(err.value) == (
+        "run-config key 'min-holders' = 3: every block held by 3 clients needs at least 3 "
+        "clients whose capacities sum to >= 3 x 4 blocks = 12; this round's 5 clients have "
+        "capacities [3, 2, 2, 2, 1] (sum 10)")
