@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM := false
 export RAY_DEDUP_LOGS := 0
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup assets run test notebooks bench clean stop
+.PHONY: setup assets run test mutate notebooks bench clean stop
 
 # pip (not uv): pip takes the local torch/torchvision wheels of STACK.md.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -55,6 +55,12 @@ test: setup
 	$(BIN)/ruff check --quiet .
 	$(BIN)/lint-imports --no-cache --no-logo
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
+
+# Mutation testing of the guarding modules (not part of `make test`; ~10 min on an idle 2-core
+# machine): per module, the fast tests that cover it; MODULES= a subset (scripts/mutate.py)
+MODULES ?=
+mutate: setup
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/mutate.py $(MODULES)
 
 # The strategy-comparison notebooks, executed headless on a tiny preset (outputs not committed).
 NOTEBOOK_PRESET ?= smoke

@@ -33,3 +33,18 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert a[name].dtype == b[name].dtype
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         assert a[name].tobytes() == b[name].tobytes(), name  # bit for bit (also -0.0 vs 0.0)
+
+
+def assert_accuracy_counts_the_test_set(record: dict, cfg: dict) -> None:
+    """A single-model run's accuracy over its n test examples is k / n for a whole k, and k is
+    the sum over the classes of n_c x the class's accuracy (the test labels counted here, from
+    the run's data): an expectation a wrong denominator or a wrong class breaks, where
+    ``0 <= accuracy <= 1`` would only catch NaN."""
+    from fedtune_app.data.splits import load_data
+
+    counts = np.bincount(load_data(cfg).test.labels.numpy())
+    n = int(counts.sum())
+    correct = record["accuracy-pooled"] * n
+    assert abs(correct - round(correct)) < 1e-9 * n, (record["accuracy-pooled"], n)
+    by_class = sum(int(k) * record["accuracy-per-class"][str(c)] for c, k in enumerate(counts))
+    assert abs(by_class - correct) < 1e-9 * n, (by_class, correct)

@@ -1,6 +1,7 @@
 import numpy as np
 
-from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean, reply_problem
+from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
+                                              masked_weighted_mean, reply_problem)
 
 
 def f32(*v):
@@ -45,3 +46,32 @@ def test_reply_checks_name_every_problem():
     assert "positive integer" in reply_problem(ok, sent, 0)
     assert "positive integer" in reply_problem(ok, sent, 2.5)
     assert "exceeds" in reply_problem(ok, sent, 11, 10)
+
+
+def test_reply_messages_name_at_most_three_tensors_and_the_edges_pass():
+    sent = {n: f32(0) for n in "abcd"}
+    reply = {n: f32(1) for n in "abcd"}
+    # four missing: the first three named, then "..."; exactly three: no "..."
+    assert reply_problem({}, sent, 5) == "missing tensors ['a', 'b', 'c']..."
+    assert reply_problem({"d": f32(1)}, sent, 5) == "missing tensors ['a', 'b', 'c']"
+    extra = {n: f32(1) for n in "efgh"}
+    assert reply_problem(reply | extra, sent, 5) == "tensors outside its plan ['e', 'f', 'g']..."
+    del extra["h"]
+    assert reply_problem(reply | extra, sent, 5) == "tensors outside its plan ['e', 'f', 'g']"
+    # one example is a positive count, and a client may send as many as it declared
+    assert reply_problem(reply, sent, 1) is None
+    assert reply_problem(reply, sent, 10, 10) is None
+    assert reply_problem(reply, sent, np.int64(3), 10) is None
+    assert "positive integer" in reply_problem(reply, sent, True)
+
+
+def test_keyed_mean_shares_one_value_over_every_name_of_a_key():
+    state = {"x.0": f32(0), "x.1": f32(0), "y": f32(5), "z": f32(2)}
+    keys = {"x.0": "x", "x.1": "x", "y": "y", "z": "z"}
+    updates = [ClientUpdate("b", {"x.1": f32(9), "z": f32(4)}, 3),
+               ClientUpdate("a", {"x.0": f32(1)}, 1)]
+    new = keyed_weighted_mean(state, updates, keys)
+    # key x: (1 x 1 + 3 x 9) / 4 = 7 under both of its names; y was sent by nobody; z one holder
+    assert new == {"x.0": f32(7), "x.1": f32(7), "y": f32(5), "z": f32(4)}
+    assert all(v.dtype == np.float32 for v in new.values())
+    assert state["x.0"] == f32(0)  # input not modified

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from fedtune_app.federated.allocation import (allocation_matrix, check_capacities, covering_plans,
-                                    full_plans, prefix_plans, random_plans,
-                                    smallest_prefix_plans)
+                                    draw_round_capacities, full_plans, prefix_plans,
+                                    k_cover_plans, random_plans, smallest_prefix_plans)
 from fedtune_app.config import ConfigError
 
 CAPS = [12, 10, 8, 6, 4, 3]
@@ -37,8 +37,12 @@ def test_keep_previous_can_leave_layers_uncovered():
 
 
 def test_cover_all_refuses_capacities_that_cannot_cover_the_model():
-    with pytest.raises(ConfigError, match="sum to 10 < 12"):
+    with pytest.raises(ConfigError) as err:
         covering_plans([4, 3, 3], 12, np.random.default_rng(0))
+    assert str(err.value) == (
+        "missing-layer-policy 'cover-all' needs the sampled clients to hold every block, but "
+        "their capacities [4, 3, 3] sum to 10 < 12 blocks; use missing-layer-policy="
+        "keep-previous or larger/more clients per round")
 
 
 @pytest.mark.parametrize("draw", [random_plans, covering_plans])
@@ -72,6 +76,29 @@ def test_capacity_outside_one_to_L_is_rejected_with_the_allowed_range(bad):
         check_capacities(bad, 12)
 
 
+def test_capacities_of_one_and_of_every_block_are_allowed_and_the_error_names_the_client():
+    check_capacities([1, 12, 5], 12)  # both ends of 1..L
+    with pytest.raises(ConfigError) as err:
+        check_capacities([3, 0], 12)
+    assert str(err.value) == ("run-config key 'capacities': client 1 has capacity 0; "
+                              "allowed: 1..12 (the model has 12 blocks)")
+
+
+def test_allsmall_with_a_given_depth_and_the_matrix_of_plans():
+    assert smallest_prefix_plans([3, 2], 4, smallest=3) == [(0, 1, 2)] * 2
+    m = allocation_matrix([(0, 2), (1,), ()], 3)
+    assert m.tolist() == [[1, 0, 1], [0, 1, 0], [0, 0, 0]] and m.dtype == np.int8
+
+
+def test_round_capacity_is_uniform_on_one_to_the_declared_capacity():
+    rng = np.random.default_rng(4)
+    draws = np.array([draw_round_capacities([3, 1], rng) for _ in range(3000)])
+    assert set(draws[:, 1]) == {1}  # capacity 1 can only draw 1
+    # P(1) = P(2) = P(3) = 1/3; the std of a frequency over 3000 draws is 0.0086, 0.04 > 4.5 x
+    freq = np.bincount(draws[:, 0], minlength=4)[1:] / 3000
+    assert np.abs(freq - 1 / 3).max() < 0.04 and draws.dtype.kind == "i"
+
+
 def test_k_cover_every_block_k_holders():
     from fedtune_app.federated.allocation import k_cover_plans
 
@@ -87,3 +114,14 @@ def test_k_cover_every_block_k_holders():
         k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)  # 10 < 12
     with pytest.raises(ConfigError, match="'min-holders' = 3"):
         k_cover_plans([4, 4], 4, np.random.default_rng(0), k=3)  # 2 clients
+
+
+def test_k_cover_with_as_many_clients_as_k_and_its_message():
+    # k = 2 clients of capacity 4 on 4 blocks: both hold everything
+    assert k_cover_plans([4, 4], 4, np.random.default_rng(0), k=2) == [(0, 1, 2, 3)] * 2
+    with pytest.raises(ConfigError) as err:
+        k_cover_plans([3, 2, 2, 2, 1], 4, np.random.default_rng(0), k=3)
+    assert str(err.value) == (
+        "run-config key 'min-holders' = 3: every block held by 3 clients needs at least 3 "
+        "clients whose capacities sum to >= 3 x 4 blocks = 12; this round's 5 clients have "
+        "capacities [3, 2, 2, 2, 1] (sum 10)")

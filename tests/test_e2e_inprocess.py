@@ -14,6 +14,7 @@ from fedtune_app.config import app_defaults
 from fedtune_app.methods import resolve_config
 from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes
+from runs import assert_accuracy_counts_the_test_set
 
 SMOKE_CAPACITIES = [4, 2, 1]
 
@@ -40,7 +41,9 @@ def test_two_rounds_write_the_results_folder_and_send_only_planned_tensors(tmp_p
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
     for m in metrics:
-        assert 0.0 <= m["accuracy"] <= 1.0 and m["loss"] > 0 and m["seconds"] > 0
+        assert m["accuracy"] == m["accuracy-pooled"]  # digits have no domains
+        assert_accuracy_counts_the_test_set(m, cfg)
+        assert m["loss"] > 0 and m["seconds"] > 0
         assert set(m["accuracy-per-group"]) == {"client-0", "client-1", "client-2"}
         assert m["rejected"] == {}
 
@@ -111,10 +114,11 @@ def test_a_client_that_fails_is_rejected_and_the_round_goes_on(tmp_path):
 
 def test_text_model_end_to_end_minilm_on_bbc_news(tmp_path):
     """The real pretrained MiniLM on real BBC News, 1 round, 2 clients holding 2 and 1 layers."""
-    folder, grid, _ = run(tmp_path, preset="", **{
+    folder, grid, cfg = run(tmp_path, preset="", **{
         "capacities": "2,1", "num-server-rounds": 1, "train-subset": 60, "test-subset": 25,
         "max-length": 32, "min-partition-size": 5})
     metrics = json.loads((folder / "metrics.json").read_text())
-    assert len(metrics) == 1 and 0 <= metrics[0]["accuracy"] <= 1
+    assert len(metrics) == 1
+    assert_accuracy_counts_the_test_set(metrics[0], cfg)
     names = set(next(m for m in grid.sent if m.metadata.message_type == "train").content["arrays"])
     assert any(n.endswith("output.dense.lora_A.weight") for n in names)

@@ -506,3 +506,15 @@ def test_mpnet_mean_pooled_export_loads_and_first_token_is_refused(tmp_path, mea
         torch.testing.assert_close(adapter(**inputs).logits, expected, rtol=0, atol=tol)
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         AutoModelForSequenceClassification.from_pretrained(str(out / "base"))
+
+
+def test_export_of_an_unfinished_results_folder_names_what_is_missing(tmp_path):
+    # a run still going (or stopped) has no final state.safetensors yet
+    (tmp_path / "config.json").write_text(json.dumps({"run-config": {}}))
+    with pytest.raises(ConfigError) as err:
+        export_run(tmp_path)
+    assert str(err.value) == (f"{tmp_path.resolve()} is not a finished results folder of a "
+                              f"fedtune run: missing {tmp_path.resolve()}/state.safetensors")
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ConfigError, match=r"missing \S+/config\.json, \S+/state\.safetensors$"):
+        export_run(tmp_path)

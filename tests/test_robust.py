@@ -9,8 +9,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm as gaussian
 
 from fedtune_app.config import ConfigError
-from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
-from fedtune_app.federated.robust import combine, dp_combine, dp_epsilon, screen, state_problem
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
+                                          largest_updates, rms, screen, state_problem)
 from fedtune_app.methods import resolve_config
 from runs import assert_same_tensors, final_state, run
 
@@ -41,9 +42,11 @@ def test_masked_median_and_trimmed_mean_by_hand():
     # 0.19 x 5 < 1: nothing is cut, the unweighted mean (1+2+6+100-50)/5, (10-10+4+0+7)/5
     untrimmed = combine(STATE, UPDATES, cfg(aggregator="trimmed-mean", **{"trim-beta": 0.19}))
     np.testing.assert_allclose(untrimmed["a"], f32(59 / 5, 11 / 5), rtol=1e-6)
-    # the mean is Eq. 2 itself, bit for bit
-    assert_same_tensors(combine(STATE, UPDATES, cfg(aggregator="mean")),
-                        masked_weighted_mean(STATE, UPDATES))
+    # the mean is Eq. 2: example counts 1 1 2 1 1 (6 in all), (1+2+12+100-50)/6 and
+    # (10-10+8+0+7)/6; the integer sums are exact in float64, so one rounding to float32 each
+    mean = combine(STATE, UPDATES, cfg(aggregator="mean"))
+    np.testing.assert_array_equal(mean["a"], f32(65 / 6, 15 / 6))
+    np.testing.assert_array_equal(mean["b"], f32(3))
 
 
 def test_masked_clipped_mean_by_hand():
@@ -161,6 +164,101 @@ def test_dp_config_is_checked():
     with pytest.raises(ConfigError, match="'aggregator' = 'krum' is not allowed"):
         resolve_config({"aggregator": "krum"})
 
+
+
+# -- the edges of each rule, worked out by hand ----------------------------------------------
+def test_rms_in_float64_and_of_an_empty_tensor():
+    # squares above float32's largest 3.4e38 must not overflow: sqrt(x^2) is x exactly
+    assert rms(f32(1e20, -1e20)) == float(np.float32(1e20))
+    assert rms(np.zeros(0, np.float32)) == 0.0
+
+
+def test_keyed_mean_and_median_keep_the_state_dtype():
+    state = {"x.0": f32(0), "x.1": f32(0), "y": f32(5)}
+    keys = {"x.0": "x", "x.1": "x", "y": "y"}
+    updates = [ClientUpdate("1", {"x.0": f32(1)}, 1), ClientUpdate("2", {"x.1": f32(9)}, 3)]
+    # (1 x 1 + 3 x 9) / 4 = 7 under both names of key x; y was sent by nobody
+    mean = combine(state, updates, cfg(aggregator="mean"), keys)
+    assert mean == {"x.0": f32(7), "x.1": f32(7), "y": f32(5)}
+    median = combine(state, updates, cfg(aggregator="median"), keys)
+    assert median["x.0"] == median["x.1"] == f32(5)  # the median of 1 and 9, unweighted
+    assert all(v.dtype == np.float32 for v in [*mean.values(), *median.values()])
+
+
+def test_clipped_mean_with_updates_shorter_than_one():
+    # update norms 0.3, 0.4, 0.5 (3-4-5 triangles / 10): the median 0.4 scales the last by 0.8
+    state = {"a": f32(1, 1)}
+    updates = [ClientUpdate(c, {"a": f32(1 + dx, 1 + dy)}, 1)
+               for c, (dx, dy) in zip("123", [(.3, 0), (0, .4), (.3, .4)])]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    # ((0.3, 0) + (0, 0.4) + 0.8 (0.3, 0.4)) / 3 = (0.54, 0.72) / 3 = (0.18, 0.24)
+    np.testing.assert_allclose(new["a"], f32(1.18, 1.24), rtol=1e-6)
+
+
+def test_screening_bounds_are_strict():
+    c = cfg(**{"screen-peer-ratio": 2.0, "screen-max-growth": 4.0, "screen-rms-floor": 0.125})
+    sent = {k: {"a": np.zeros(4, np.float32)} for k in "123"}
+    up = lambda client, v: ClientUpdate(client, {"a": f32(v, -v, v, -v)}, 1)  # noqa: E731
+    # peer rule: norm 2 = 2 x the median norm 1 exactly (rms 1 > floor): not above, kept
+    assert screen([up("1", 1.0), up("2", .5), up("3", .5)], sent, c) == {}
+    # rms exactly the floor 0.5 (its norm 1 > 2 x the median 0 of the others): kept
+    loose = cfg(**{"screen-peer-ratio": 2.0, "screen-max-growth": 4.0, "screen-rms-floor": 0.5})
+    assert screen([up("1", .5), up("2", 0.0), up("3", 0.0)], sent, loose) == {}
+    # growth rule with one holder: rms 0.5 = 4 x max(0, 0.125) exactly: kept; a little more goes
+    assert screen([up("1", .5)], sent, c) == {}
+    assert set(screen([up("1", .5625)], sent, c)) == {"1"}
+
+
+def test_state_guard_edges():
+    c = cfg(**{"screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    old = {"a": f32(2, -2), "b": f32(1, -1), "z": f32(0, 0), "mask": f32(-np.inf, 0)}
+    same = dict(old)
+    # the bound grows with the tensor: rms 6 <= 5 x rms 2 = 10
+    assert state_problem(old, same | {"a": f32(8, -8)}, c) is None
+    # a move of exactly the bound is allowed: rms 5 = 5 x rms 1
+    assert state_problem(old, same | {"b": f32(6, -6)}, c) is None
+    # a zero tensor may move 5 x the floor 0.1 = 0.5, not 0.8 (nothing accepted to excuse it)
+    assert state_problem(old, same | {"z": f32(.8, -.8)}, c) == (
+        "'z' moved by rms 0.8 > max(5 x max(rms before 0, 0.1), the largest accepted "
+        "update's rms 0)")
+    # a tensor the round did not touch is not judged (a buffer may hold -inf)
+    assert state_problem(old, same, c) is None
+    # a NaN passes neither with the jump check off nor in a tensor exempt from it
+    assert "NaN" in state_problem(old, same | {"z": f32(np.nan, 0)}, c, check_jump=False)
+    assert "NaN" in state_problem(old, same | {"z": f32(0, np.inf)}, c, skip_jump=("z",))
+    assert state_problem(old, same | {"z": f32(9, 9)}, c, skip_jump=("z",)) is None
+
+
+def test_largest_accepted_update_per_tensor():
+    state = {"a": f32(1, 1), "b": f32(0), "c": f32(1)}
+    updates = [ClientUpdate("1", {"a": f32(4, 5), "c": f32(1.5)}, 1),  # a: (3, 4), rms sqrt(12.5)
+               ClientUpdate("2", {"a": f32(1, 2), "b": f32(-2), "gone": f32(9)}, 1)]
+    assert largest_updates(updates, state) == pytest.approx(
+        {"a": 12.5 ** .5, "b": 2.0, "c": 0.5}, rel=1e-15)
+
+
+def test_dp_clips_the_update_not_the_tensor_and_shares_keyed_values():
+    state = {"x.0": f32(1, 1), "x.1": f32(3, 3), "y": f32(10)}
+    keys = {"x.0": "x", "x.1": "x", "y": "y"}
+    c = cfg(**{"dp-noise-multiplier": 0.0, "dp-clip-norm": 0.25})
+    seed = np.array([1, 2, 3, 4], np.uint32)
+    # client 1: delta (0.3, 0.4) on x.0 (norm 0.5 -> x 0.5 = (0.15, 0.2)); client 2: delta
+    # (0.2, 0) on x.1 and 0 on y (norm 0.2 < 0.25, kept). Key x: (0.35, 0.2) / 2 holders
+    updates = [ClientUpdate("1", {"x.0": f32(1.3, 1.4)}, 5),
+               ClientUpdate("2", {"x.1": f32(3.2, 3), "y": f32(10)}, 1)]
+    new = dp_combine(state, updates, c, seed, 1, keys)
+    # each name moves by the key's mean (0.175, 0.1) from its own value (float32 inputs: 1e-6)
+    np.testing.assert_allclose(new["x.0"], f32(1.175, 1.1), rtol=1e-6)
+    np.testing.assert_allclose(new["x.1"], f32(3.175, 3.1), rtol=1e-6)
+    assert new["y"] == f32(10) and new["x.0"].dtype == np.float32
+
+
+def test_dp_noise_seed_words():
+    seed = (1 << 127) | (7 << 32) | 5
+    words = dp_noise_entropy(cfg(**{"dp-noise-seed": seed}))
+    assert words.tolist() == [5, 7, 0, 1 << 31] and words.dtype == np.uint32
+    fresh = [dp_noise_entropy(cfg(**{"dp-noise-seed": 0})) for _ in range(2)]
+    assert fresh[0].shape == (4,) and fresh[0].tolist() != fresh[1].tolist()  # 2^-128 to fail
 
 # -- whole runs: the real ClientApp over the in-process grid ----------------------------------
 ATTACKS = ("huge", "flip", "noise", "diverge")
