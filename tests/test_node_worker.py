@@ -88,8 +88,15 @@ def worker(tmp_path_factory):
     stop_worker(proc)
 
 
-def served_by(log: Path) -> list[tuple[str, str]]:
-    return re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
+def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[str, str]]:
+    """The worker's "served" lines. It writes one after the reply has left, so a caller that
+    expects ``at_least`` of them waits (bounded) for the last ones to be written."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        served = re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
+        if len(served) >= at_least or time.monotonic() > deadline:
+            return served
+        time.sleep(0.1)
 
 
 def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
@@ -119,7 +126,7 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
     with pytest.raises(RuntimeError, match="partition-id=5 is outside 0..1"):
         delegate("query", *query_message({**node, "partition-id": 5}))
     assert delegate("query", *query_message(node)) is not None
-    assert served_by(log)[before:] == [(str(proc.pid), "query")] * 4
+    assert served_by(log, before + 4)[before:] == [(str(proc.pid), "query")] * 4
 
 
 def train_message(cfg: dict, plan: tuple, server_round: int):
@@ -175,8 +182,8 @@ def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path
         assert recorddict_to_proto(ours).SerializeToString() == \
             recorddict_to_proto(theirs).SerializeToString()
     assert warm[1]["arrays"].keys() != warm[2]["arrays"].keys()  # two different plans trained
-    assert served_by(log)[before:] == [(str(proc.pid), "query"), (str(proc.pid), "train"),
-                                       (str(proc.pid), "train")]
+    pid = str(proc.pid)
+    assert served_by(log, before + 3)[before:] == [(pid, "query"), (pid, "train"), (pid, "train")]
 
 
 @pytest.fixture(scope="module")
