@@ -210,14 +210,21 @@ def test_stage_two_loss_terms(setup):
         pytest.approx(expected, rel=4 * FLOAT32_ROUNDING, abs=mse_atol)
 
 
-def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
-    cfg, _, model, images, labels = setup
-    seen = []
+def alpha_recorder(seen: list) -> type:
+    """A FedBRICK recipe that records the alpha of every stage-II loss it computes."""
 
     class Recorder(FedBRICKRecipe):
         def stage2_loss(self, model, plan, inputs, labels, alpha):
             seen.append(alpha)
             return super().stage2_loss(model, plan, inputs, labels, alpha)
+
+    return Recorder
+
+
+def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
+    cfg, _, model, images, labels = setup
+    seen = []
+    Recorder = alpha_recorder(seen)
 
     from fedtune_app.data.splits import Examples
 
@@ -244,11 +251,7 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
 def test_stage_two_steps_cap_each_epoch(setup):
     cfg, _, model, images, labels = setup
     seen = []
-
-    class Recorder(FedBRICKRecipe):
-        def stage2_loss(self, model, plan, inputs, labels, alpha):
-            seen.append(alpha)
-            return super().stage2_loss(model, plan, inputs, labels, alpha)
+    Recorder = alpha_recorder(seen)
 
     from fedtune_app.data.splits import Examples
 
