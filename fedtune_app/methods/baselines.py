@@ -15,7 +15,8 @@ weak devices could reach; each client then trains its whole model.
 
 from __future__ import annotations
 
-from fedtune_app.config import ConfigError, Key, parse_int_list
+from dataclasses import dataclass
+from fedtune_app.config import ConfigError, ConfigPart, config_key, parse_int_list
 from fedtune_app.federated.allocation import full_plans, smallest_prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -53,6 +54,15 @@ class GroupAllLarge(GroupStrategy):
     name = "all-large"
 
 
+@dataclass(frozen=True)
+class AllSmallConfig(ConfigPart):
+    """AllSmall's own key."""
+    all_small_layers: int = config_key(0, minimum=0, help=
+        "AllSmall: blocks of the model every client trains (0 = the smallest static capacity in "
+        "'capacities', also under dynamic capacities, whose draws AllSmall ignores; FedRA Table "
+        "4's AllSmall row is Table 1's 3-layer model, so its presets set 3)")
+
+
 register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1)
 def check_all_small(cfg: dict) -> None:
     layers, capacities = cfg["all-small-layers"], parse_int_list("capacities", cfg["capacities"])
@@ -63,9 +73,4 @@ def check_all_small(cfg: dict) -> None:
 
 
 register_method("all-small", strategy=AllSmall, group_strategy=GroupAllSmall, fixed_group=0,
-                check=check_all_small, keys={
-    "all-small-layers": Key(0, "AllSmall: blocks of the model every client trains (0 = the "
-                            "smallest static capacity in 'capacities', also under dynamic "
-                            "capacities, whose draws AllSmall ignores; FedRA Table 4's AllSmall "
-                            "row is Table 1's 3-layer model, so its presets set 3)", minimum=0),
-})
+                check=check_all_small, config=AllSmallConfig)

@@ -49,13 +49,14 @@ Choices made here (not fixed by the paper, which uses ResNets with 4 stages):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import logging
 import math
 
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigError, Key
+from fedtune_app.config import ConfigError, ConfigPart, config_key
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 from fedtune_app.model.adapters import block_of, names_for_plan
@@ -230,27 +231,29 @@ class DepthFL(LayerPlanStrategy):
         return tuple(range(max(self.depth_of.values())))
 
 
-register_method("depthfl", strategy=DepthFL, recipe=DepthFLRecipe, keys={
-    "depthfl-exit-every": Key(0, "DepthFL: an exit classifier after every k blocks (0 = auto: "
-                              "k = max(1, L // 4), i.e. 3 for 12 blocks, 1 for 6 blocks)",
-                              minimum=0),
-    "depthfl-client-depth": Key("capacity", "DepthFL: a client holds all its L_i blocks with the "
-                                "model's head as its exit at depth L_i (capacity: as the FedRA "
-                                "and FedBRICK papers ran it), or L_i is rounded down to an exit "
-                                "depth (exit-depth: DepthFL's own stages)",
-                                choices=("capacity", "exit-depth")),
-    "depthfl-consistency-ramp": Key(500, "DepthFL: the self-distillation weight in round t is "
-                                    "exp(-5 (1 - min(t-1, T)/T)^2) with T this many rounds "
-                                    "(500: the FedRA code; 300: Flower's DepthFL baseline; "
-                                    "0 = a constant weight 1)", minimum=0),
-    "depthfl-optimizer": Key("fedavg", "DepthFL's federated optimizer: FedAvg (as the FedRA and "
-                             "FedBRICK papers ran every method; 'local-objective' then applies) "
-                             "or FedDyn (DepthFL's own paper)", choices=("fedavg", "feddyn")),
-    "depthfl-headline": Key("ensemble", "DepthFL: which score is the run's 'accuracy' (both "
-                            "are recorded every evaluation): the ensemble of the exits "
-                            "(DepthFL's own paper) or the last exit alone (the official FedRA "
-                            "code, whose numbers FedRA's tables report; set by the FedRA and "
-                            "FedBRICK presets)", choices=("ensemble", "last-exit")),
-    "depthfl-feddyn-alpha": Key(0.1, "FedDyn regularisation alpha (as DepthFL's Flower "
-                                "baseline)", minimum=1e-6),
-})
+@dataclass(frozen=True)
+class DepthFLConfig(ConfigPart):
+    """DepthFL's own keys."""
+    depthfl_exit_every: int = config_key(0, minimum=0, help=
+        "DepthFL: an exit classifier after every k blocks (0 = auto: k = max(1, L // 4), i.e. 3 "
+        "for 12 blocks, 1 for 6 blocks)")
+    depthfl_client_depth: str = config_key("capacity", choices=('capacity', 'exit-depth'), help=
+        "DepthFL: a client holds all its L_i blocks with the model's head as its exit at depth L_i"
+        " (capacity: as the FedRA and FedBRICK papers ran it), or L_i is rounded down to an exit "
+        "depth (exit-depth: DepthFL's own stages)")
+    depthfl_consistency_ramp: int = config_key(500, minimum=0, help=
+        "DepthFL: the self-distillation weight in round t is exp(-5 (1 - min(t-1, T)/T)^2) with T "
+        "this many rounds (500: the FedRA code; 300: Flower's DepthFL baseline; 0 = a constant "
+        "weight 1)")
+    depthfl_optimizer: str = config_key("fedavg", choices=('fedavg', 'feddyn'), help=
+        "DepthFL's federated optimizer: FedAvg (as the FedRA and FedBRICK papers ran every method;"
+        " 'local-objective' then applies) or FedDyn (DepthFL's own paper)")
+    depthfl_headline: str = config_key("ensemble", choices=('ensemble', 'last-exit'), help=
+        "DepthFL: which score is the run's 'accuracy' (both are recorded every evaluation): the "
+        "ensemble of the exits (DepthFL's own paper) or the last exit alone (the official FedRA "
+        "code, whose numbers FedRA's tables report; set by the FedRA and FedBRICK presets)")
+    depthfl_feddyn_alpha: float = config_key(0.1, minimum=1e-06, help=
+        "FedDyn regularisation alpha (as DepthFL's Flower baseline)")
+
+
+register_method("depthfl", strategy=DepthFL, recipe=DepthFLRecipe, config=DepthFLConfig)

@@ -75,7 +75,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -87,7 +87,7 @@ from fedtune_app.data.splits import HOLDOUTS, domain_list, load_data, proxy_indi
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import to_device, train_local
 from fedtune_app.methods.fedra import FedRA
-from fedtune_app.config import Key
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
 
 ALL = "all"  # the one BRICK group when clients are not split by domain
@@ -385,35 +385,44 @@ def check_config(cfg: dict) -> None:
 
 
 register_check(check_config)  # a rule for every method: proxy-for-all-methods applies to all
-register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="proxy", keys={
-    "fedbrick-rank": Key(8, "FedBRICK: rank r of a BRICK's two low-rank paths (4rd parameters "
-                         "per BRICK)", minimum=1),
-    "fedbrick-lambda-w": Key(0.01, "FedBRICK stage I: weight of ||w - w_global||^2 on the "
-                             "retained blocks' trainables (Eq. 21)", minimum=0),
-    "fedbrick-lambda-theta": Key(0.005, "FedBRICK stage I: weight of ||theta - theta_global||^2 "
-                                 "on the missing positions' BRICKs (Eq. 21)", minimum=0),
-    "fedbrick-lambda-d": Key(0.01, "FedBRICK stage II: weight of the BRICK-vs-block "
-                             "distillation term (Eq. 24)", minimum=0),
-    "fedbrick-stage2-epochs": Key(1, "FedBRICK: local epochs of stage II (stage I runs "
-                                  "'local-epochs')", minimum=1),
-    "fedbrick-server-epochs": Key(10, "FedBRICK: epochs of server-side BRICK distillation on the "
-                                  "proxy set per round (Eq. 20; 0 = none)", minimum=0),
-    "fedbrick-stage2-steps": Key(0, "FedBRICK: cap each stage-II epoch at this many batches "
-                                 "(the paper's 'only a few local steps'; 0 = whole epochs, its "
-                                 "'one local epoch ... in both stages')", minimum=0),
-    "fedbrick-server-optimizer": Key("adam", "FedBRICK: optimizer of the server-side BRICK "
-                                     "distillation (the paper gives only its 'server learning "
-                                     "rate of 1e-4'; Adam is ours, plain SGD the alternative)",
-                                     choices=("adam", "sgd")),
-    "proxy-held-out": Key(True, "FedBRICK's proxy set is taken out of the clients' data (the "
-                          "server 'owns' it; false: the clients keep those examples too)"),
-    "fedbrick-server-lr": Key(1e-4, "FedBRICK: Adam learning rate of the server-side "
-                              "distillation (paper: server learning rate 1e-4)", minimum=0),
-    "proxy-fraction": Key(0.05, "fraction of each domain's training examples the server holds as "
-                          "proxy data (FedBRICK, paper: 5%); taken out of the clients' data for "
-                          "fedbrick, or for every method with 'proxy-for-all-methods'",
-                          minimum=0, maximum=0.5),
-    "proxy-for-all-methods": Key(False, "take the proxy split out of the clients' data for every "
-                                 "method, so a comparator trains on exactly FedBRICK's client "
-                                 "data"),
-})
+@dataclass(frozen=True)
+class FedBRICKConfig(ConfigPart):
+    """FedBRICK's own keys (its paper's open choices are keys here)."""
+    fedbrick_rank: int = config_key(8, minimum=1, help=
+        "FedBRICK: rank r of a BRICK's two low-rank paths (4rd parameters per BRICK)")
+    fedbrick_lambda_w: float = config_key(0.01, minimum=0, help=
+        "FedBRICK stage I: weight of ||w - w_global||^2 on the retained blocks' trainables (Eq. "
+        "21)")
+    fedbrick_lambda_theta: float = config_key(0.005, minimum=0, help=
+        "FedBRICK stage I: weight of ||theta - theta_global||^2 on the missing positions' BRICKs "
+        "(Eq. 21)")
+    fedbrick_lambda_d: float = config_key(0.01, minimum=0, help=
+        "FedBRICK stage II: weight of the BRICK-vs-block distillation term (Eq. 24)")
+    fedbrick_stage2_epochs: int = config_key(1, minimum=1, help=
+        "FedBRICK: local epochs of stage II (stage I runs 'local-epochs')")
+    fedbrick_server_epochs: int = config_key(10, minimum=0, help=
+        "FedBRICK: epochs of server-side BRICK distillation on the proxy set per round (Eq. 20; 0 "
+        "= none)")
+    fedbrick_stage2_steps: int = config_key(0, minimum=0, help=
+        "FedBRICK: cap each stage-II epoch at this many batches (the paper's 'only a few local "
+        "steps'; 0 = whole epochs, its 'one local epoch ... in both stages')")
+    fedbrick_server_optimizer: str = config_key("adam", choices=('adam', 'sgd'), help=
+        "FedBRICK: optimizer of the server-side BRICK distillation (the paper gives only its "
+        "'server learning rate of 1e-4'; Adam is ours, plain SGD the alternative)")
+    proxy_held_out: bool = config_key(True, help=
+        "FedBRICK's proxy set is taken out of the clients' data (the server 'owns' it; false: the "
+        "clients keep those examples too)")
+    fedbrick_server_lr: float = config_key(0.0001, minimum=0, help=
+        "FedBRICK: Adam learning rate of the server-side distillation (paper: server learning rate"
+        " 1e-4)")
+    proxy_fraction: float = config_key(0.05, minimum=0, maximum=0.5, help=
+        "fraction of each domain's training examples the server holds as proxy data (FedBRICK, "
+        "paper: 5%); taken out of the clients' data for fedbrick, or for every method with 'proxy-"
+        "for-all-methods'")
+    proxy_for_all_methods: bool = config_key(False, help=
+        "take the proxy split out of the clients' data for every method, so a comparator trains on"
+        " exactly FedBRICK's client data")
+
+
+register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="proxy",
+                config=FedBRICKConfig)

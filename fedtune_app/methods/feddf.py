@@ -32,14 +32,15 @@ backbones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import numpy as np
 
 from fedtune_app.data.splits import SPLIT_SEED, Examples
-from fedtune_app.training.distill import distill, distill_steps, kd_loss, scores_on
+from fedtune_app.training.distill import DistillConfig, distill, distill_steps, kd_loss, scores_on
 from fedtune_app.training.local import pick_device
 from fedtune_app.methods.fedmd import public_set
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import Key
+from fedtune_app.config import config_key
 from fedtune_app.methods.registry import register_method
 
 
@@ -112,23 +113,26 @@ def split_validation(public: Examples, fraction: float):
     return public.subset(order[cut:]), public.subset(order[:cut])
 
 
-register_method("feddf", group_strategy=FedDF, holdout="public", keys={
-    "feddf-distillation": Key("paper", "FedDF's server distillation: as its paper (Adam, "
-                              "cosine annealing, up to 'feddf-steps', early stopping on a "
-                              "validation split when 'feddf-val-fraction' > 0) or 'epochs' "
-                              "('distill-epochs' at 'distill-lr' with the clients' optimizer)",
-                              choices=("paper", "epochs")),
-    "feddf-lr": Key(1e-3, "FedDF: Adam learning rate of the server distillation (paper: 1e-3)",
-                    minimum=0),
-    "feddf-steps": Key(10_000, "FedDF: most distillation steps per round and group (paper: "
-                       "10^4)", minimum=1),
-    "feddf-eval-every": Key(100, "FedDF: validate every this many distillation steps",
-                            minimum=1),
-    "feddf-patience": Key(1000, "FedDF: stop after this many steps without a better "
-                          "validation accuracy (paper: 10^3)", minimum=1),
-    "feddf-val-fraction": Key(0.0, "FedDF: share of the public set held out, labelled, to "
-                              "validate the distillation for early stopping (0 = no split: "
-                              "HeteroTune describes none)", minimum=0, maximum=0.5),
-    "distill-temperature": Key(1.0, "FedDF: softmax temperature of the ensemble distillation",
-                               minimum=1e-3),
-})
+@dataclass(frozen=True)
+class FedDFConfig(DistillConfig):
+    """FedDF's own keys, beside the public set and distillation keys it shares with FedMD."""
+    feddf_distillation: str = config_key("paper", choices=('paper', 'epochs'), help=
+        "FedDF's server distillation: as its paper (Adam, cosine annealing, up to 'feddf-steps', "
+        "early stopping on a validation split when 'feddf-val-fraction' > 0) or 'epochs' "
+        "('distill-epochs' at 'distill-lr' with the clients' optimizer)")
+    feddf_lr: float = config_key(0.001, minimum=0, help=
+        "FedDF: Adam learning rate of the server distillation (paper: 1e-3)")
+    feddf_steps: int = config_key(10000, minimum=1, help=
+        "FedDF: most distillation steps per round and group (paper: 10^4)")
+    feddf_eval_every: int = config_key(100, minimum=1, help=
+        "FedDF: validate every this many distillation steps")
+    feddf_patience: int = config_key(1000, minimum=1, help=
+        "FedDF: stop after this many steps without a better validation accuracy (paper: 10^3)")
+    feddf_val_fraction: float = config_key(0.0, minimum=0, maximum=0.5, help=
+        "FedDF: share of the public set held out, labelled, to validate the distillation for early"
+        " stopping (0 = no split: HeteroTune describes none)")
+    distill_temperature: float = config_key(1.0, minimum=0.001, help=
+        "FedDF: softmax temperature of the ensemble distillation")
+
+
+register_method("feddf", group_strategy=FedDF, holdout="public", config=FedDFConfig)

@@ -31,7 +31,8 @@ import torch
 
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.data.splits import load_data, num_classes_of, public_split
-from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
+from fedtune_app.training.distill import (DistillConfig, consensus, digest_loss, distill,
+                                          scores_on)
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -93,4 +94,5 @@ class FedMD(GroupStrategy):
         return new
 
 
-register_method("fedmd", group_strategy=FedMD, recipe=FedMDRecipe, holdout="public")
+register_method("fedmd", group_strategy=FedMD, recipe=FedMDRecipe, holdout="public",
+                config=DistillConfig)

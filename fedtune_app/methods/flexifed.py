@@ -33,11 +33,12 @@ weights are never aggregated (only trainable adapters and heads travel).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import numpy as np
 
 from fedtune_app.model.adapters import block_of
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import Key
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
 
 GROUPS = "groups."
@@ -122,11 +123,14 @@ class FlexiFed(GroupStrategy):
         return self.server_objective(updates, self.combine(updates, self.keys))
 
 
-register_method("flexifed", group_strategy=FlexiFed, keys={
-    "flexifed-strategy": Key("max-common", "FlexiFed's sharing: every pair shares its longest "
-                             "common prefix (max-common; HeteroTune's 'largest overlapping "
-                             "parts'), only the layers common to all (basic-common), or "
-                             "basic-common inside clusters of equal first layer (clustered-"
-                             "common)", choices=("max-common", "basic-common",
-                                                 "clustered-common")),
-})
+@dataclass(frozen=True)
+class FlexiFedConfig(ConfigPart):
+    """FlexiFed's own key."""
+    flexifed_strategy: str = config_key("max-common", choices=(
+        "max-common", "basic-common", "clustered-common"), help=
+        "FlexiFed's sharing: every pair shares its longest common prefix (max-common; HeteroTune's"
+        " 'largest overlapping parts'), only the layers common to all (basic-common), or basic-"
+        "common inside clusters of equal first layer (clustered-common)")
+
+
+register_method("flexifed", group_strategy=FlexiFed, config=FlexiFedConfig)

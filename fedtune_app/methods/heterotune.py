@@ -47,6 +47,7 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import contextlib
 import math
 
@@ -60,7 +61,7 @@ from fedtune_app.model.backbones import build_backbone
 from fedtune_app.data.groups import group_depths, num_groups, prefix
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import Key
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
 
 SHARE = "share.adapter."
@@ -270,15 +271,19 @@ class HeteroTune(GroupStrategy):
         return fuse_state(self.state, self.depths, share_positions(self.cfg))
 
 
-register_method("heterotune", group_strategy=HeteroTune, recipe=HeteroTuneRecipe, keys={
-    "heterotune-reg": Key(0.01, "HeteroTune: weight lambda of the proximal L2 regularisation "
-                          "lambda/2 ||S - S_received||^2 of a client's own share-adapter branch "
-                          "(0 = off); rank r = key 'lora-r'", minimum=0),
-    "heterotune-learnable-weights": Key(True, "HeteroTune: train the branch weights a_i of "
-                                        "the cross-model aggregator (false: fixed at 1/M, "
-                                        "Table 4's 'w/o LW' ablation; 'w/o Reg' is "
-                                        "heterotune-reg = 0)"),
-    "heterotune-share-positions": Key(0, "HeteroTune: share-adapter positions P; block j of an "
-                                      "L-block model uses position floor(j*P/L) (0 = the "
-                                      "smallest depth among the model groups)", minimum=0),
-})
+@dataclass(frozen=True)
+class HeteroTuneConfig(ConfigPart):
+    """HeteroTune's own keys."""
+    heterotune_reg: float = config_key(0.01, minimum=0, help=
+        "HeteroTune: weight lambda of the proximal L2 regularisation lambda/2 ||S - S_received||^2"
+        " of a client's own share-adapter branch (0 = off); rank r = key 'lora-r'")
+    heterotune_learnable_weights: bool = config_key(True, help=
+        "HeteroTune: train the branch weights a_i of the cross-model aggregator (false: fixed at "
+        "1/M, Table 4's 'w/o LW' ablation; 'w/o Reg' is heterotune-reg = 0)")
+    heterotune_share_positions: int = config_key(0, minimum=0, help=
+        "HeteroTune: share-adapter positions P; block j of an L-block model uses position "
+        "floor(j*P/L) (0 = the smallest depth among the model groups)")
+
+
+register_method("heterotune", group_strategy=HeteroTune, recipe=HeteroTuneRecipe,
+                config=HeteroTuneConfig)

@@ -42,13 +42,14 @@ Choices the paper leaves open (or that differ from its setting), made here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import numpy as np
 
 from fedtune_app.model.adapters import block_of
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.allocation import prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
-from fedtune_app.config import Key
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
 
 
@@ -133,12 +134,16 @@ class InclusiveFL(LayerPlanStrategy):
         return self.server_objective(updates, new)
 
 
-register_method("inclusivefl", strategy=InclusiveFL, keys={
-    "inclusivefl-aggregation": Key("momentum-distillation", "InclusiveFL's server: its paper's "
-                                   "momentum distillation into each group's top layer, or the "
-                                   "plain mean over the clients holding each tensor (mean: how "
-                                   "the official FedRA code runs it for FedRA's tables)",
-                                   choices=("momentum-distillation", "mean")),
-    "inclusivefl-beta": Key(0.2, "InclusiveFL momentum-distillation weight beta (paper: 0.2)",
-                            minimum=0, maximum=1),
-})
+@dataclass(frozen=True)
+class InclusiveFLConfig(ConfigPart):
+    """InclusiveFL's own keys."""
+    inclusivefl_aggregation: str = config_key("momentum-distillation", choices=(
+        "momentum-distillation", "mean"), help=
+        "InclusiveFL's server: its paper's momentum distillation into each group's top layer, or "
+        "the plain mean over the clients holding each tensor (mean: how the official FedRA code "
+        "runs it for FedRA's tables)")
+    inclusivefl_beta: float = config_key(0.2, minimum=0, maximum=1, help=
+        "InclusiveFL momentum-distillation weight beta (paper: 0.2)")
+
+
+register_method("inclusivefl", strategy=InclusiveFL, config=InclusiveFLConfig)

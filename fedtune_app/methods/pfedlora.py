@@ -32,6 +32,7 @@ the frozen backbone is the pretrained one (pFedLoRA trains its local models whol
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
@@ -41,7 +42,7 @@ from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
 from fedtune_app.methods.flexifed import split_name
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import Key
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
 
 CORE = "lora_C"
@@ -146,11 +147,16 @@ class PFedLoRA(GroupStrategy):
         return self.server_objective(updates, self.combine(updates, self.keys))
 
 
-register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe, keys={
-    "pfedlora-model-epochs": Key(0, "pFedLoRA iterative training, phase 1: epochs of the local "
-                                 "model's part with the homogeneous adapter frozen (0 = "
-                                 "'local-epochs')", minimum=0),
-    "pfedlora-adapter-epochs": Key(0, "pFedLoRA iterative training, phase 2: epochs of the "
-                                   "homogeneous adapter with the local part frozen (0 = "
-                                   "'local-epochs')", minimum=0),
-})
+@dataclass(frozen=True)
+class PFedLoRAConfig(ConfigPart):
+    """pFedLoRA's own keys."""
+    pfedlora_model_epochs: int = config_key(0, minimum=0, help=
+        "pFedLoRA iterative training, phase 1: epochs of the local model's part with the "
+        "homogeneous adapter frozen (0 = 'local-epochs')")
+    pfedlora_adapter_epochs: int = config_key(0, minimum=0, help=
+        "pFedLoRA iterative training, phase 2: epochs of the homogeneous adapter with the local "
+        "part frozen (0 = 'local-epochs')")
+
+
+
+register_method("pfedlora", group_strategy=PFedLoRA, recipe=PFedLoRARecipe, config=PFedLoRAConfig)

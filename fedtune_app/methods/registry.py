@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fedtune_app.config import ConfigError, Key, register_keys
+from fedtune_app.config import ConfigError, ConfigPart, NoKeys, did_you_mean, register_keys
 from fedtune_app.data.groups import FIXED_GROUP
 from fedtune_app.data.splits import HOLDOUTS
 from fedtune_app.training.recipes import ClientRecipe
@@ -32,7 +32,7 @@ METHODS: dict[str, Method] = {}
 
 def register_method(name: str, *, strategy: type | None = None,
                     group_strategy: type | None = None, recipe: type = ClientRecipe,
-                    keys: dict[str, Key] | None = None,
+                    config: type[ConfigPart] = NoKeys,
                     check: Callable[[dict], None] | None = None,
                     holdout: str | None = None, fixed_group: int | None = None) -> None:
     """Register method ``name`` (its run-config value of key ``method``).
@@ -44,7 +44,7 @@ def register_method(name: str, *, strategy: type | None = None,
         raise ValueError(f"method {name!r} is already registered")
     if strategy is None and group_strategy is None:
         raise ValueError(f"method {name!r} needs a strategy or a group_strategy")
-    register_keys(f"method {name}", keys or {})
+    register_keys(f"method {name}", config, method=name)
     if holdout is not None:
         HOLDOUTS[name] = holdout
     if fixed_group is not None:
@@ -54,6 +54,7 @@ def register_method(name: str, *, strategy: type | None = None,
 
 def method_of(cfg: dict) -> Method:
     if cfg["method"] not in METHODS:
-        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} is not allowed; "
+        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} is not allowed;"
+                          f"{did_you_mean(cfg['method'], METHODS)} "
                           f"allowed: {', '.join(sorted(METHODS))}")
     return METHODS[cfg["method"]]

@@ -4,12 +4,12 @@
     python -m fedtune_app.tools.pyproject_keys --write   # rewrite the table in place
 
 Flower gives a run only the keys this table lists (``--run-config`` cannot add one), so every
-registered key must be in it: first the keys every run has (``config.KEYS``, under the section
-comments of their definition), then each owner's keys (a method's ``register_method(keys=...)``),
-owners in name order. A value that differs from the key's default belongs to the main job
-(``flwr run .``) and is kept, with the comment lines right above it; every other key is written
-with its default. (So a key whose default changes keeps its old pyproject value, now read as a
-main-job value: the tests pin the main job's keys to catch that.)
+registered key must be in it: first the keys every run has (the fields of ``config.RunConfig``
+and its parts, under each part's docstring), then each owner's keys (the fields of a method's
+``register_method(config=...)``), owners in name order. A value that differs from the key's
+default belongs to the main job (``flwr run .``) and is kept, with the comment lines right above
+it; every other key is written with its default. (So a key whose default changes keeps its old
+pyproject value, now read as a main-job value: the tests pin the main job's keys to catch that.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 from fedtune_app import config
 from fedtune_app.config import KEY_OWNERS, KEYS, ConfigError
@@ -29,15 +28,10 @@ TABLE = "[tool.flwr.app.config]"
 
 
 def base_sections() -> dict[str, str]:
-    """Key of ``config.KEYS`` -> the comment heading its group in the definition of KEYS."""
-    source = Path(config.__file__).read_text().split("KEYS: dict[str, Key] = {\n", 1)[1]
-    sections, current = {}, ""
-    for line in source.split("\n}\n", 1)[0].splitlines():
-        if comment := re.fullmatch(r"\s+# (.+)", line):
-            current = comment.group(1)
-        elif key := re.match(r'\s+"([^"]+)": Key\(', line):
-            sections[key.group(1)] = current
-    return sections
+    """Key every run has -> the first line of its config part's docstring (its section)."""
+    return {name: part.__doc__.splitlines()[0]
+            for part in (config.RunConfig, *config.PARTS.values())
+            for name in part.key_specs()}
 
 
 def toml_value(value) -> str:

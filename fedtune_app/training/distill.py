@@ -13,23 +13,30 @@ from __future__ import annotations
 
 import itertools
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.config import Key, register_keys
+from fedtune_app.config import ConfigPart, config_key, register_keys
 from fedtune_app.data.splits import Examples
 
-register_keys("the public set and distillation of FedMD and FedDF", {
-    "public-fraction": Key(0.2, "FedMD/FedDF: share of the training data held out as the public "
-                           "set (nobody's private data; HeteroTune: 20%)", minimum=0.01,
-                           maximum=0.9),
-    "distill-epochs": Key(1, "FedMD digest / FedDF server distillation with "
-                          "feddf-distillation = epochs: epochs over the public set per round",
-                          minimum=1),
-    "distill-lr": Key(0.01, "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)",
-                      minimum=0),
-})
+
+@dataclass(frozen=True)
+class DistillConfig(ConfigPart):
+    """The public set and server-side distillation of FedMD and FedDF."""
+    public_fraction: float = config_key(0.2, minimum=0.01, maximum=0.9, help=
+        "FedMD/FedDF: share of the training data held out as the public set (nobody's private "
+        "data; HeteroTune: 20%)")
+    distill_epochs: int = config_key(1, minimum=1, help=
+        "FedMD digest / FedDF server distillation with feddf-distillation = epochs: epochs over "
+        "the public set per round")
+    distill_lr: float = config_key(0.01, minimum=0, help=
+        "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)")
+
+
+register_keys("the public set and distillation of FedMD and FedDF", DistillConfig)
 
 
 def indexed(examples: Examples) -> Examples:
