@@ -27,7 +27,7 @@ from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_sta
 from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
 from fedtune_app.config import app_defaults, parse_int_list  # noqa: E402
 from fedtune_app.methods import resolve_config  # noqa: E402
-from fedtune_app.data.splits import num_classes_of  # noqa: E402
+from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import METHODS  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo, from_record, to_record  # noqa: E402
 
@@ -40,7 +40,7 @@ def wire_bytes(msg: Message) -> int:
 
 def measure(job: str) -> dict:
     cfg = resolve_config({**app_defaults(), **JOBS[job]})
-    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, num_classes_of(cfg))),
+    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg))
     capacities = parse_int_list("capacities", cfg["capacities"])
     clients = [ClientInfo(100 + i, i, c, 100, f"client-{i}") for i, c in enumerate(capacities)]

@@ -52,7 +52,7 @@ def save_models(root: Path, hidden: int, layers: int, heads: int, ffn: int) -> d
 
 def step_seconds(cfg: dict, data: Examples, steps: int, repeats: int) -> tuple[float, int, int]:
     recipe = recipe_for(cfg)
-    model = recipe.build(ModelSpec.from_config(cfg, 2))
+    model = recipe.build(ModelSpec.from_config(cfg.model, 2))
     params = list(trainable_parameters(model).values())
     times = []
     for rep in range(repeats + 1):  # the first pass warms up

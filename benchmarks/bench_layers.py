@@ -22,7 +22,7 @@ from fedtune_app.model.adapters import trainable_parameters  # noqa: E402
 from fedtune_app.apps.client import runtime  # noqa: E402
 from fedtune_app.config import app_defaults  # noqa: E402
 from fedtune_app.methods import resolve_config  # noqa: E402
-from fedtune_app.data.splits import load_data  # noqa: E402
+from fedtune_app.data.splits import run_splits
 from fedtune_app.training.local import train_local  # noqa: E402
 from fedtune_app.model.block_store import hold_blocks  # noqa: E402
 
@@ -44,7 +44,7 @@ def step_seconds(model, plan, data, cfg, device, steps: int, repeats: int) -> fl
 def measure(job: str, steps: int, repeats: int) -> dict:
     cfg = resolve_config({**app_defaults(), **JOBS[job]})
     model, device = runtime(cfg)
-    data = load_data(cfg).train
+    data = run_splits(cfg).train
     data = data.subset(range(min(len(data), steps * cfg["batch-size"])))
     steps = -(-len(data) // cfg["batch-size"])
     L = model.num_blocks

@@ -121,7 +121,7 @@ def child(run_config: dict, capacity: int, cache: str) -> dict:
     run_config = {**run_config, "checkpoint-dir": cache}
     client, context = queried_node(run_config, capacity)
 
-    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.federated.strategy import to_record
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.adapters import initial_state, names_for_plan
@@ -132,7 +132,7 @@ def child(run_config: dict, capacity: int, cache: str) -> dict:
     # the server's payload for this plan (names and shapes of the trainables; not timed: the
     # server makes it)
     made = time.perf_counter()
-    skeleton = client.recipe_for(cfg).build(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+    skeleton = client.recipe_for(cfg).build(ModelSpec.from_config(cfg.model, run_num_classes(cfg)),
                                             backbone=build_skeleton)
     state = initial_state(skeleton, 0)
     del skeleton
@@ -162,13 +162,13 @@ def child_before(run_config: dict, capacity: int, cache: str) -> dict:
 
 def block_bytes(run_config: dict) -> tuple[int, int]:
     """(bytes outside the blocks, bytes of one block), from the architecture."""
-    from fedtune_app.data.splits import num_classes_of
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.backbones import ModelSpec
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.model.block_store import frozen_bytes
 
     cfg = resolve_config(run_config)
-    shared, blocks = frozen_bytes(ModelSpec.from_config(cfg, num_classes_of(cfg)))
+    shared, blocks = frozen_bytes(ModelSpec.from_config(cfg.model, run_num_classes(cfg)))
     return shared, max(blocks)
 
 
@@ -250,10 +250,11 @@ def node_setup(run_config: dict, cache: str) -> float:
     """Seconds to write the node's layered checkpoint (once per node and model)."""
     code = ("import json,sys,time; from fedtune_app.methods import resolve_config;"
             "from fedtune_app.model.backbones import ModelSpec;"
-            "from fedtune_app.data.splits import num_classes_of;"
+            "from fedtune_app.data.splits import run_num_classes;"
             "from fedtune_app.model.block_store import layered_checkpoint;"
             "cfg=resolve_config(json.loads(sys.argv[1])); t=time.perf_counter();"
-            "layered_checkpoint(ModelSpec.from_config(cfg, num_classes_of(cfg)), sys.argv[2]);"
+            "layered_checkpoint(ModelSpec.from_config(cfg.model, run_num_classes(cfg)),"
+            "sys.argv[2]);"
             "print(time.perf_counter()-t)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(run_config), cache], env=env,

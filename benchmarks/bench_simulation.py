@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters  # noqa: E402
 from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
-from fedtune_app.data.splits import client_examples, load_data, num_classes_of  # noqa: E402
+from fedtune_app.data.splits import client_examples, run_num_classes, run_splits
 from fedtune_app.methods import METHODS  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
 from fedtune_app.training.local import pick_device  # noqa: E402
@@ -63,9 +63,9 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
     cfg, clients = config["run-config"], [ClientInfo(**c) for c in config["clients"]]
     allocation = {r["round"]: r for r in json.loads((folder / "allocation.json").read_text())}
     device = pick_device(cfg["device"])
-    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, num_classes_of(cfg))),
+    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg)).to(device)
-    splits = load_data(cfg)
+    splits = run_splits(cfg)
     data = {c.partition_id: client_examples(cfg, splits, c.partition_id, len(clients))
             for c in clients}
     eval_plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, {}).eval_plan()

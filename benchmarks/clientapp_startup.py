@@ -95,7 +95,7 @@ def write_train_message(preset: str, path: Path) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedtune_app.apps.client import recipe_for
-    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.federated.strategy import to_record
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.adapters import initial_state, names_for_plan
@@ -103,7 +103,7 @@ def write_train_message(preset: str, path: Path) -> None:
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     cfg = resolve_config({"preset": preset})
-    model = recipe_for(cfg).build(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+    model = recipe_for(cfg).build(ModelSpec.from_config(cfg.model, run_num_classes(cfg)),
                                   backbone=build_skeleton)
     plan = tuple(range(model.num_blocks))
     state = initial_state(model, 0)

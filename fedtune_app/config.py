@@ -183,6 +183,17 @@ class DataConfig(ConfigPart):
         "image or text column(s), comma separated (empty = detect)")
     hf_label_column: str = config_key("label", help="label column")
     hf_test_split: str = config_key("test", help="split used as test set (GLUE: validation)")
+    proxy_fraction: float = config_key(0.05, minimum=0, maximum=0.5, help=
+        "fraction of each domain's training examples the server holds as proxy data (FedBRICK's "
+        "distillation set, paper: 5%; FLTrust's root set); taken out of the clients' data when "
+        "the method holds it out, with aggregator = fltrust, or for every method with "
+        "'proxy-for-all-methods'")
+    proxy_held_out: bool = config_key(True, help=
+        "the proxy set of a method that keeps one (FedBRICK) is taken out of the clients' data "
+        "(the server 'owns' it; false: the clients keep those examples too)")
+    proxy_for_all_methods: bool = config_key(False, help=
+        "take the proxy split out of the clients' data for every method, so a comparator trains on"
+        " exactly FedBRICK's client data")
 
 
 @dataclass(frozen=True)
@@ -344,6 +355,15 @@ class NoKeys(ConfigPart):
     """The part of a method that owns no run-config key."""
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """What the server keeps out of every client's training data in this run (fractions; 0 =
+    nothing): the proxy split (FedBRICK's distillation set, FLTrust's root set) and the public
+    set (FedMD, FedDF). Asked of the method when the run config is resolved."""
+    proxy: float = 0.0
+    public: float = 0.0
+
+
 PARTS: dict[str, type[ConfigPart]] = {
     "model": ModelConfig, "adapter": AdapterConfig, "data": DataConfig,
     "training": TrainingConfig, "federation": FederationConfig, "robust": RobustConfig}
@@ -365,16 +385,22 @@ class RunConfig(ConfigPart, Mapping):
     robust: RobustConfig = None
     own: ConfigPart = None  # the chosen method's own keys (its registered config class)
     flat: Mapping[str, Any] = None  # every key, resolved: results' config.json, run hashes
+    # what the method says of this run (``methods.resolve_config`` asks it)
+    held_out: HeldOut = HeldOut()
+    fixed_group: int | None = None  # over model groups, the group of every client
 
     @classmethod
     def build(cls, flat: Mapping[str, Any]) -> "RunConfig":
         """The typed view of a resolved flat config (every value already coerced)."""
         flat = MappingProxyType(dict(flat))
         own = METHOD_PARTS.get(flat["method"], NoKeys).from_flat(flat)
-        return cls(**{f.name: flat[kebab(f.name)] for f in dataclasses.fields(cls)
-                      if "key" in f.metadata},
-                   **{name: part.from_flat(flat) for name, part in PARTS.items()},
-                   own=own, flat=flat)
+        run = cls(**{f.name: flat[kebab(f.name)] for f in dataclasses.fields(cls)
+                     if "key" in f.metadata},
+                  **{name: part.from_flat(flat) for name, part in PARTS.items()},
+                  own=own, flat=flat)
+        for derive in DERIVED:
+            run = derive(run)
+        return run
 
     def replace(self, **keys: Any) -> "RunConfig":
         """This config with some keys (kebab-case) set to other, already valid, values."""
@@ -393,12 +419,15 @@ class RunConfig(ConfigPart, Mapping):
     def __or__(self, keys: Mapping[str, Any]) -> "RunConfig":
         return self.replace(**keys)
 
+
 KEYS: dict[str, Key] = {k: spec for part in (RunConfig, *PARTS.values())
                         for k, spec in part.key_specs().items()}
 # key -> who registered it (e.g. 'method fedbrick'); the keys of the parts above have none
 KEY_OWNERS: dict[str, str] = {}
 # method name -> its own config class
 METHOD_PARTS: dict[str, type[ConfigPart]] = {}
+# (run config) -> the run config with what the method says of it (``RunConfig.held_out``, ...)
+DERIVED: list = []
 
 
 class ConfigError(ValueError):
@@ -522,6 +551,11 @@ def register_keys(owner: str, part: type[ConfigPart], method: str | None = None)
 
 # Rules between keys, run on every resolved config: (config) -> None, raising ConfigError.
 CHECKS: list = []
+
+
+def register_derived(derive) -> None:
+    """Add a step that fills the derived fields of every run config it is built."""
+    DERIVED.append(derive)
 
 
 def register_check(check) -> None:

@@ -40,9 +40,9 @@ def assert_accuracy_counts_the_test_set(record: dict, cfg: dict) -> None:
     the sum over the classes of n_c x the class's accuracy (the test labels counted here, from
     the run's data): an expectation a wrong denominator or a wrong class breaks, where
     ``0 <= accuracy <= 1`` would only catch NaN."""
-    from fedtune_app.data.splits import load_data
+    from fedtune_app.data.splits import run_splits
 
-    counts = np.bincount(load_data(cfg).test.labels.numpy())
+    counts = np.bincount(run_splits(cfg).test.labels.numpy())
     n = int(counts.sum())
     correct = record["accuracy-pooled"] * n
     assert abs(correct - round(correct)) < 1e-9 * n, (record["accuracy-pooled"], n)

@@ -13,7 +13,7 @@ from torch import nn
 from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
                                                masked_weighted_mean)
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import Examples, client_examples, load_data, public_split
+from fedtune_app.data.splits import Examples, client_examples, public_split, run_splits
 from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss
 from fedtune_app.methods.flexifed import common_keys
 
@@ -28,11 +28,11 @@ def f32(*v):
 
 def test_public_set_is_stratified_and_nobodys_data():
     cfg = resolve_config({"preset": "smoke"})
-    splits = load_data(cfg)
-    same, none = public_split(cfg, splits)
+    splits = run_splits(cfg)
+    same, none = public_split(cfg.held_out, splits)
     assert same is splits.train and none is None  # other methods: all training data
     cfg = cfg | {"method": "fedmd", "public-fraction": 0.2}
-    private, public = public_split(cfg, splits)
+    private, public = public_split(cfg.held_out, splits)
     labels = splits.train.labels.numpy()
     expected = sum(round(0.2 * (labels == c).sum()) for c in range(10))
     assert len(public) == expected and len(private) + len(public) == len(splits.train)
@@ -271,7 +271,7 @@ def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
     folder, train, replies, cfg = run_recording({**TWO_GROUPS, "method": "fedmd"}, tmp_path)
     metrics, state = results(folder)
     assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
-    public = public_split(cfg, load_data(cfg))[1]
+    public = public_split(cfg.held_out, run_splits(cfg))[1]
     shape = (len(public), 10)
     round1 = [t[CONSENSUS] for t, _ in replies[1]]
     assert all(s.shape == shape for s in round1) and len(round1) == 4
@@ -471,11 +471,11 @@ def test_pfedlora_phase_lengths(keys, epochs):
     cfg = resolve_config({**TWO_GROUPS, "method": "pfedlora", "local-epochs": 3,
                           "batch-size": 4, **keys})
     recipe = recipe_for(cfg, 0)
-    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0).model, 10))
     plan = tuple(range(model.num_blocks))
     params = recipe.trainables(model, plan)
     cores = [p for n, p in params.items() if ".lora_C." in n]
-    data = load_data(cfg).train.subset(range(4))  # 4 examples, batch 4: one step per epoch
+    data = run_splits(cfg).train.subset(range(4))  # 4 examples, batch 4: one step per epoch
     steps = []  # per optimizer step: does C train in it?
 
     def loss_fn(inputs, labels):

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import group_config
-from fedtune_app.data.splits import load_data
+from fedtune_app.data.splits import run_splits
 from fedtune_app.methods import METHODS, recipe_for, resolve_config
 from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name,
                                         trainable_parameters)
@@ -230,9 +230,9 @@ def test_evaluation_reports_the_matthews_correlation_of_its_predictions(decoder_
 
     cfg = resolve_config(decoder_run(decoder_dirs, glue_dir, "", "fedra"))
     recipe = recipe_for(cfg)
-    model = recipe.build(ModelSpec.from_config(cfg, 2))
+    model = recipe.build(ModelSpec.from_config(cfg.model, 2))
     with torch.no_grad():
-        mean = model.features(load_data(cfg).test.inputs).mean(0)
+        mean = model.features(run_splits(cfg).test.inputs).mean(0)
     direction = torch.randn(64, generator=torch.Generator().manual_seed(3))
     direction -= (direction @ mean) / (mean @ mean) * mean
     state = recipe.initial_state(model, seed=0)
@@ -249,7 +249,7 @@ def test_sentence_pairs_are_tokenised_as_pairs(decoder_dirs, tmp_path):
                           "hf-input-column": "question1,question2", "hf-test-split": "validation",
                           "model": decoder_dirs["llama"], "model-source": "random",
                           "max-length": 24, "capacities": "1"})
-    ids = load_data(cfg).train.inputs["input_ids"]
+    ids = run_splits(cfg).train.inputs["input_ids"]
     sep = minilm_tokenizer().sep_token_id
     assert ((ids == sep).sum(1) == 2).all()  # [CLS] question1 [SEP] question2 [SEP]
 
@@ -266,7 +266,7 @@ def test_heterotune_fused_equals_unfused_over_decoder_groups_of_other_width_and_
     gen = torch.Generator().manual_seed(5)
     for group, (depth, width) in enumerate([(2, 32), (3, 64)]):
         recipe = recipe_for(cfg, group)
-        model = recipe.build(ModelSpec.from_config(group_config(cfg, group), 2))
+        model = recipe.build(ModelSpec.from_config(group_config(cfg, group).model, 2))
         assert (model.num_blocks, model.head.in_features) == (depth, width)
         with torch.no_grad():  # every adapter tensor random, so no term is trivially zero
             for p in model.parameters():  # also the frozen share branches (r x r)

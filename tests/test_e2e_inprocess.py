@@ -27,7 +27,7 @@ def run(tmp_path, **keys):
 
 
 def smoke_initial_state(cfg):
-    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, 10)),
+    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, 10)),
                             AdapterSpec.from_config(cfg))
     return initial_state(model, cfg["seed"])
 

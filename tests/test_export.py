@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 from fedtune_app.apps.evaluation import build_global
 from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import GroupedModel
-from fedtune_app.data.splits import class_names_of
+from fedtune_app.data.splits import class_names_of, run_num_classes, run_splits
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import trainable_parameters
 from fedtune_app.tools.export import export_run
@@ -91,10 +91,9 @@ def timm_base(cfg):
     """The timm model as fedtune builds it (same seeded random init)."""
     import timm
 
-    from fedtune_app.data.splits import num_classes_of
     from fedtune_app.model.backbones import ModelSpec, _timm_class
 
-    spec = ModelSpec.from_config(cfg, num_classes_of(cfg))
+    spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         try:
@@ -127,7 +126,7 @@ def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config)
     file = str(out / "merged" / "model.safetensors")
     config = json.loads((out / "merged" / "config.json").read_text())
     assert config["architecture"] == cfg["model"]
-    assert config["label_names"] == class_names_of(cfg) == [str(d) for d in range(10)]
+    assert config["label_names"] == class_names_of(cfg.data) == [str(d) for d in range(10)]
     if cfg["model"].startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
         merged = timm_base(cfg)
         timm.models.load_checkpoint(merged, file, strict=True)
@@ -360,7 +359,6 @@ def main_job(tmp_path_factory):
     fedtune's own global model's logits on the run's test articles."""
     from types import SimpleNamespace
 
-    from fedtune_app.data.splits import load_data
     from fedtune_app.tools.cli import main
     from runs import run
 
@@ -369,7 +367,7 @@ def main_job(tmp_path_factory):
     assert main(["export", str(folder), "--merge", "--out", str(tmp / "export")]) == 0
     cfg = resolve_config(json.loads((folder / "config.json").read_text())["run-config"])
     texts, labels = bbc_test_articles(cfg)
-    test = load_data(cfg).test
+    test = run_splits(cfg).test
     # they are the run's test examples: the same labels and, tokenised, the same tokens
     np.testing.assert_array_equal(labels, test.labels.numpy())
     from transformers import AutoTokenizer

@@ -15,7 +15,7 @@ from fedtune_app.model.adapters import AdapterSpec, attach_adapters
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.model.backbones import build_backbone
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import client_examples, load_data, proxy_indices
+from fedtune_app.data.splits import client_examples, proxy_indices, run_splits
 from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.methods.fedbrick import (Brick, FedBRICK, FedBRICKRecipe, anneal, block_io,
                                           distill_bricks, forward_with_bricks, layer_mse)
@@ -337,13 +337,13 @@ def test_bricks_average_within_their_domain(setup):
 def test_proxy_split_is_per_domain_deterministic_and_excluded_from_client_data():
     rc = {"preset": "offline-feature-skew", "model-source": "random", "train-subset": 600}
     brick = resolve_config(rc | {"method": "fedbrick"})
-    splits = load_data(brick)
-    proxy = proxy_indices(brick, splits)
+    splits = run_splits(brick)
+    proxy = proxy_indices(brick.data.proxy_fraction, splits)
     domains = splits.train.domains.numpy()
     per_domain = np.bincount(domains[proxy], minlength=6)
     assert per_domain.tolist() == [5] * 6  # 5% of the 100 examples of every domain
     again = resolve_config(rc | {"method": "fedbrick", "seed": 7})
-    assert np.array_equal(proxy_indices(again, load_data(again)), proxy)
+    assert np.array_equal(proxy_indices(again.data.proxy_fraction, run_splits(again)), proxy)
     fedra = resolve_config(rc | {"method": "fedra"})
     fair = resolve_config(rc | {"method": "fedra", "proxy-for-all-methods": True})
     for pid in range(6):
@@ -356,7 +356,7 @@ def test_proxy_split_is_per_domain_deterministic_and_excluded_from_client_data()
         assert not (flat[:, None] == held[None]).all(-1).any()  # no proxy image among them
     # proxy-held-out = false: the server's proxy examples stay in the clients' data too
     shared = resolve_config(rc | {"method": "fedbrick", "proxy-held-out": False})
-    assert np.array_equal(proxy_indices(shared, splits), proxy)
+    assert np.array_equal(proxy_indices(shared.data.proxy_fraction, splits), proxy)
     for pid in range(6):
         assert len(client_examples(shared, splits, pid, 6)) == 100
 

@@ -65,7 +65,7 @@ def test_fedadapter_forward_is_eq5_on_fixed_tensors():
 def test_fused_and_unfused_outputs_match_on_a_trained_looking_model():
     cfg = resolve_config(CFG)
     recipe = recipe_for(cfg, 1)
-    model = recipe.build(ModelSpec.from_config(group_config(cfg, 1), 10))
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 1).model, 10))
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # every adapter tensor random, so no term is trivially zero
         for p in model.parameters():
@@ -109,14 +109,14 @@ def test_relative_depth_maps_blocks_onto_share_positions():
     assert [position(j, 2, 2) for j in range(2)] == [0, 1]
     assert [position(j, 24, 12) for j in range(24)] == [j // 2 for j in range(24)]
     cfg = resolve_config(CFG)
-    model = recipe_for(cfg, 1).build(ModelSpec.from_config(group_config(cfg, 1), 10))
+    model = recipe_for(cfg, 1).build(ModelSpec.from_config(group_config(cfg, 1).model, 10))
     assert [model.blocks[j].mlp.fc2.pos for j in range(3)] == [0, 0, 1]
 
 
 def test_a_group_client_trains_its_local_adapters_branch_weights_head_and_own_branch():
     cfg = resolve_config(CFG)
     recipe = recipe_for(cfg, 0)
-    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0).model, 10))
     local = {f"groups.0.blocks.{j}.{m}.adapter.{w}" for j in (0, 1)
              for m in ("attn.proj", "mlp.fc2") for w in ("down", "up", "branch")}
     own = {f"share.adapter.{p}.0.{w}" for p in (0, 1) for w in ("down", "up")}
@@ -134,7 +134,7 @@ def test_without_learnable_weights_the_branch_weights_stay_at_one_over_m():
     # Table 4's "w/o LW": a_i = 1/M fixed; neither trained nor sent back
     cfg = resolve_config(CFG | {"heterotune-learnable-weights": False})
     recipe = recipe_for(cfg, 0)
-    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0), 10))
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0).model, 10))
     trained = recipe.trainables(model, (0, 1))
     assert not any(n.endswith(".adapter.branch") for n in trained)
     branch = "groups.0.blocks.0.mlp.fc2.adapter.branch"

@@ -3,7 +3,7 @@
 import torch
 
 from fedtune_app.data import sources
-from fedtune_app.data.splits import image_normalisation, load_data
+from fedtune_app.data.splits import image_normalisation, run_splits
 from fedtune_app.methods import resolve_config
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -30,8 +30,8 @@ def test_prepare_images_applies_the_models_mean_and_std():
 
 def test_a_deit_run_gets_imagenet_normalised_digits():
     base = {"preset": "smoke", "image-channels": 3}
-    vit = load_data(resolve_config(base | {"model": "vit_tiny_patch16_224"})).train.inputs
-    deit = load_data(resolve_config(base | {"model": "deit_tiny_patch16_224"})).train.inputs
+    vit = run_splits(resolve_config(base | {"model": "vit_tiny_patch16_224"})).train.inputs
+    deit = run_splits(resolve_config(base | {"model": "deit_tiny_patch16_224"})).train.inputs
     mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(
         1, 3, 1, 1)
     torch.testing.assert_close(deit, ((vit + 1) / 2 - mean) / std, rtol=0, atol=1e-6)

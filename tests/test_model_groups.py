@@ -36,7 +36,7 @@ def cfg_of(**keys):
 
 def test_group_keys_one_entry_serves_every_group():
     cfg = cfg_of()
-    specs = group_specs(cfg)
+    specs = group_specs(cfg.model)
     assert [s["model"] for s in specs] == ["vit_tiny_patch16_224"] * 2
     assert [s["model-source"] for s in specs] == ["random"] * 2
     assert specs[1]["model-args"].endswith("embed_dim=32,depth=3")
@@ -151,7 +151,7 @@ def test_client_runtime_keeps_one_model_per_group():
     models = [client.runtime(group_config(cfg, g), recipe_for(cfg, g))[0] for g in (0, 1, 0, 1)]
     assert models[0] is models[2] and models[1] is models[3] and models[0] is not models[1]
     assert [m.head.in_features for m in models[:2]] == [16, 32]
-    ref = build_backbone(ModelSpec.from_config(group_config(cfg, 1), 10))
+    ref = build_backbone(ModelSpec.from_config(group_config(cfg, 1).model, 10))
     assert len(ref.blocks) == models[1].num_blocks == 3
 
 

@@ -132,13 +132,13 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
 def train_message(cfg: dict, plan: tuple, server_round: int):
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.federated.strategy import to_record
     from fedtune_app.methods import recipe_for
     from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.model.backbones import ModelSpec, build_skeleton
 
-    skeleton = recipe_for(cfg).build(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+    skeleton = recipe_for(cfg).build(ModelSpec.from_config(cfg.model, run_num_classes(cfg)),
                                      backbone=build_skeleton)
     state = initial_state(skeleton, server_round)  # stands for the server's global state
     payload = to_record({n: state[n] for n in names_for_plan(state, plan)})

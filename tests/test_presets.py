@@ -13,7 +13,7 @@ from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import CONF_DIR, ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.groups import node_model_group
-from fedtune_app.data.splits import domain_list, load_data
+from fedtune_app.data.splits import domain_list, run_splits
 from fedtune_app.tools.pretrain import MODELS, pretrain
 from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
 
@@ -32,7 +32,7 @@ def test_there_is_a_preset_per_paper_experiment():
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_validates(name):
     cfg = resolve_config({"preset": name})
-    domains = domain_list(cfg)
+    domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))
     capacities = client_capacities(cfg)
     assert len(capacities) == num_clients(cfg) and min(capacities) >= 1
@@ -79,7 +79,7 @@ def test_paper_presets_without_their_data_fail_clearly(name):
             pytest.skip(f"{cfg['data-dir']} exists on this machine")
         message = re.escape(f"dataset '{cfg['dataset']}': 'data-dir' = ") + ".* is not a folder"
     with pytest.raises(ConfigError, match=message):
-        load_data(cfg)
+        run_splits(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     if cfg["dataset"] == "multi-domain-digits":
         # 60 test images stratified by (domain, class): 10 per domain, so the overall accuracy
         # is the mean of the six per-domain accuracies
-        assert list(groups) == list(domain_list(cfg))
+        assert list(groups) == list(domain_list(cfg.data))
         assert record["accuracy"] == pytest.approx(sum(groups.values()) / 6)
         assert {c["group"] for c in clients} == set(groups)
     else:

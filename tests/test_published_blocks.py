@@ -198,12 +198,12 @@ def test_a_federation_whose_nodes_fetch_their_blocks_gives_the_same_run(tmp_path
     from safetensors.numpy import load_file
 
     from fedtune_app.apps.inprocess import run_inprocess
-    from fedtune_app.data.splits import num_classes_of
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.backbones import ModelSpec
 
     cfg = resolve_config({"preset": "smoke"})
-    data, manifest, sha = publish(ModelSpec.from_config(cfg, num_classes_of(cfg)),
+    data, manifest, sha = publish(ModelSpec.from_config(cfg.model, run_num_classes(cfg)),
                                   tmp_path / "public")
     runs = {}
     with RangeServer(data.parent) as server:

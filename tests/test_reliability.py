@@ -12,7 +12,7 @@ from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_sta
 from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import num_classes_of
+from fedtune_app.data.splits import run_num_classes
 from fedtune_app.apps.faults import parse_faults
 from fedtune_app.federated.strategy import from_record, to_record
 from runs import TINY, assert_same_tensors, final_state, run
@@ -112,7 +112,7 @@ def test_too_few_valid_replies_keep_the_previous_state(tmp_path):
     assert "client error" in record["rejected"]["2"]
     assert np.isfinite(record["train-loss"])  # the two sound replies are still reported
     cfg = resolve_config(TINY | keys)
-    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, num_classes_of(cfg))),
+    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg))
     assert_same_tensors(final_state(folder), initial_state(model, cfg["seed"]))
 

@@ -5,7 +5,7 @@ import pytest
 
 from fedtune_app.config import ConfigError, parse_int_list
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import client_group, load_data, partition_indices
+from fedtune_app.data.splits import client_group, partition_indices, run_splits
 from fedtune_app.federated.allocation import draw_round_capacities
 from fedtune_app.data.scenarios import (check_scenario, client_capacities,
                                    num_clients)
@@ -116,11 +116,11 @@ def test_domain_clients_report_their_domain_as_group():
     cfg = cfg_of(dataset="multi-domain-digits", partitioner="domain-dirichlet",
                  clients_per_domain=2, capacity_profile="per-domain",
                  capacities="4,4,3,3,2,2", model="vit_tiny_patch16_224", model_source="random")
-    splits = load_data(cfg)
-    assert [client_group(cfg, splits, p, 12) for p in (0, 1, 2, 11)] == [
+    splits = run_splits(cfg)
+    assert [client_group(cfg.data, splits, p, 12) for p in (0, 1, 2, 11)] == [
         "original", "original", "rotated", "coloured"]
     plain = cfg_of(dataset="digits", model="vit_tiny_patch16_224")
-    assert client_group(plain, load_data(plain), 3, 6) == "client-3"
+    assert client_group(plain.data, run_splits(plain), 3, 6) == "client-3"
 
 
 def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():

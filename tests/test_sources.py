@@ -10,7 +10,7 @@ import torch
 from fedtune_app.data import sources
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import load_data
+from fedtune_app.data.splits import run_splits
 
 from floats import FLOAT32_ROUNDING
 
@@ -26,7 +26,7 @@ def cfg_of(**keys):
 def test_multi_domain_digits_styles_and_leak_free_split():
     from sklearn.datasets import load_digits
 
-    splits = load_data(cfg_of(dataset="multi-domain-digits"))
+    splits = run_splits(cfg_of(dataset="multi-domain-digits"))
     per_class = np.bincount(load_digits().target)
     test_per_domain = int(sum(round(0.2 * n) for n in per_class))  # stratified 20 % test split
     assert splits.domain_names == list(sources.DIGIT_STYLES)
@@ -49,13 +49,13 @@ def test_multi_domain_digits_styles_and_leak_free_split():
 
 
 def test_domains_key_selects_and_checks_domains():
-    splits = load_data(cfg_of(dataset="multi-domain-digits", domains="original,coloured"))
+    splits = run_splits(cfg_of(dataset="multi-domain-digits", domains="original,coloured"))
     assert splits.domain_names == ["original", "coloured"]
     assert set(splits.train.domains.tolist()) == {0, 1}
     with pytest.raises(ConfigError, match="'domains'.*'sepia'.*allowed: original, rotated"):
-        load_data(cfg_of(dataset="multi-domain-digits", domains="original,sepia"))
+        run_splits(cfg_of(dataset="multi-domain-digits", domains="original,sepia"))
     with pytest.raises(ConfigError, match="'domains' is set but dataset 'digits' has no domains"):
-        load_data(cfg_of(dataset="digits", domains="original"))
+        run_splits(cfg_of(dataset="digits", domains="original"))
 
 
 # -- Fashion-MNIST (IDX files) and MNIST-5k -------------------------------------------------------
@@ -72,7 +72,7 @@ def test_fashion_mnist_reads_idx_files_with_the_official_split(tmp_path):
     write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.array([0, 1, 2, 3, 4]))
     write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", np.full((3, 28, 28), 255, np.uint8))
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.array([9, 8, 7]))
-    splits = load_data(cfg_of(dataset="fashion-mnist", data_dir=str(tmp_path)))
+    splits = run_splits(cfg_of(dataset="fashion-mnist", data_dir=str(tmp_path)))
     assert splits.train.labels.tolist() == [0, 1, 2, 3, 4]
     assert splits.test.labels.tolist() == [9, 8, 7]
     assert splits.class_names[9] == "Ankle boot"
@@ -130,7 +130,7 @@ def test_domainnet_folder_with_official_split_files(tmp_path):
     root = make_domain_folder(tmp_path / "dn")
     cfg = cfg_of(dataset="domainnet", data_dir=str(root), domains="clipart,sketch",
                  max_classes=2, image_size=8)
-    splits = load_data(cfg)
+    splits = run_splits(cfg)
     assert splits.class_names == ["apple", "bee"]  # first 2 classes only
     assert splits.domain_names == ["clipart", "sketch"]
     assert len(splits.train) == 2 * 2 * 2 and len(splits.test) == 2 * 2
@@ -149,20 +149,20 @@ def test_domainnet_folder_with_official_split_files(tmp_path):
 def test_domain_folder_errors_say_what_is_missing_and_where(tmp_path):
     root = make_domain_folder(tmp_path / "dn")
     with pytest.raises(ConfigError, match="set run-config key 'data-dir'"):
-        load_data(cfg_of(dataset="domainnet"))
+        run_splits(cfg_of(dataset="domainnet"))
     with pytest.raises(ConfigError, match="missing split files under .*dn: splits/infograph_train"
                                           ".txt, splits/infograph_test.txt.*looked in"):
-        load_data(cfg_of(dataset="domainnet", data_dir=str(root), domains="clipart,infograph"))
+        run_splits(cfg_of(dataset="domainnet", data_dir=str(root), domains="clipart,infograph"))
     (root / "sketch/bee/sketch_test_0.png").unlink()
     with pytest.raises(ConfigError, match="1 image files listed .* missing.*sketch_test_0.png"):
-        load_data(cfg_of(dataset="domainnet", data_dir=str(root), domains="clipart,sketch"))
+        run_splits(cfg_of(dataset="domainnet", data_dir=str(root), domains="clipart,sketch"))
     with pytest.raises(ConfigError, match="'domains'.*not in nico\\+\\+.*autumn, dim, grass"):
-        load_data(cfg_of(dataset="nico++", data_dir=str(root), domains="clipart"))
+        run_splits(cfg_of(dataset="nico++", data_dir=str(root), domains="clipart"))
 
 
 def test_nico_folder_uses_style_names(tmp_path):
     root = make_domain_folder(tmp_path / "nico", domains=("autumn", "rock"))
-    splits = load_data(cfg_of(dataset="nico++", data_dir=str(root), domains="autumn,rock",
+    splits = run_splits(cfg_of(dataset="nico++", data_dir=str(root), domains="autumn,rock",
                               image_size=4))
     assert splits.domain_names == ["autumn", "rock"] and splits.num_classes == 3
 
@@ -180,7 +180,7 @@ def test_hugging_face_image_dataset_saved_to_disk(tmp_path):
 
     DatasetDict({"train": part([0, 255, 0, 255]), "test": part([255, 0])}).save_to_disk(
         str(tmp_path / "hf"))
-    splits = load_data(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"), image_size=4,
+    splits = run_splits(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"), image_size=4,
                               image_channels=3))
     assert splits.class_names == ["dark", "light"]
     assert splits.train.labels.tolist() == [0, 1, 0, 1] and splits.test.labels.tolist() == [1, 0]
@@ -192,17 +192,17 @@ def test_hugging_face_image_dataset_saved_to_disk(tmp_path):
     torch.testing.assert_close(images[0], ones, rtol=0, atol=16 * 2 ** -23)
     torch.testing.assert_close(images[1], -ones, rtol=0, atol=16 * 2 ** -23)
     with pytest.raises(ConfigError, match="no split 'validation'.*it has: train, test"):
-        load_data(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"),
+        run_splits(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"),
                          hf_test_split="validation"))
     with pytest.raises(ConfigError, match="'hf-label-column' = 'y' is not a column"):
-        load_data(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"), hf_label_column="y"))
+        run_splits(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"), hf_label_column="y"))
 
 
 def test_hub_dataset_without_network_is_a_clear_error():
     with pytest.raises(ConfigError, match="'hf-dataset' = 'uoft-cs/cifar10' could not be loaded"):
-        load_data(cfg_of(dataset="hf", hf_dataset="uoft-cs/cifar10"))
+        run_splits(cfg_of(dataset="hf", hf_dataset="uoft-cs/cifar10"))
     with pytest.raises(ConfigError, match="needs run-config key 'hf-dataset'"):
-        load_data(cfg_of(dataset="hf"))
+        run_splits(cfg_of(dataset="hf"))
 
 
 # -- synthetic images (speed benchmarks) --------------------------------------------------------
@@ -219,7 +219,7 @@ def test_synthetic_images_are_seeded_balanced_and_sized():
     other = [(x[i] - x[j]).norm() for i in range(50) for j in range(i)
              if a.labels[i] != a.labels[j]]
     assert np.mean(same) < np.mean(other)
-    splits = load_data(cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10))
+    splits = run_splits(cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10))
     assert len(splits.train) == 40 and len(splits.test) == 10
 
 
@@ -228,7 +228,7 @@ def test_client_examples_are_cut_once_per_process():
 
     cfg = cfg_of(dataset="synthetic", image_size=8, train_subset=40, test_subset=10,
                  partitioner="iid")
-    splits = load_data(cfg)
+    splits = run_splits(cfg)
     first = client_examples(cfg, splits, 1, 4)
     again = client_examples(cfg, splits, 1, 4)
     assert again is first and len(first) == 10  # 40 examples, 4 IID partitions

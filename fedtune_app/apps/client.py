@@ -21,7 +21,7 @@ from fedtune_app.model.adapters import AdapterSpec
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import client_examples, client_group, load_data, num_classes_of
+from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
 from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
@@ -44,12 +44,13 @@ def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     holds no frozen block until ``hold_blocks(model, plan)``; its frozen weights come from the
     node's cache folder (``frozen_weights.cache_dir``)."""
     recipe = recipe or recipe_for(cfg)
-    spec, adapters = ModelSpec.from_config(cfg, num_classes_of(cfg)), AdapterSpec.from_config(cfg)
+    spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
+    adapters = AdapterSpec.from_config(cfg)
     folder = cache_dir(cfg, node_config)
     key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
            recipe.cache_key(), recipe.group, folder, cfg["layered-url"], cfg["layered-sha256"])
     if key not in _MODELS:
-        while len(_MODELS) >= max(2, num_groups(cfg)):
+        while len(_MODELS) >= max(2, num_groups(cfg.model)):
             _MODELS.pop(next(iter(_MODELS)))
         device = pick_device(cfg["device"])
         check_precision(cfg["precision"], device)
@@ -107,7 +108,7 @@ def node_group(cfg: dict, context: Context) -> int | None:
 
 def local_data(cfg: dict, context: Context):
     pid, num, capacity = node_identity(cfg, context.node_config)
-    splits = load_data(cfg, node_folder=cache_dir(cfg, context.node_config))
+    splits = run_splits(cfg, node_folder=cache_dir(cfg, context.node_config))
     return pid, capacity, client_examples(cfg, splits, pid, num), splits
 
 
@@ -123,11 +124,11 @@ def handle_query(msg: Message, context: Context) -> Message:
     cfg = group_config(cfg, group)
     pid, capacity, examples, splits = local_data(cfg, context)
     counts = np.bincount(examples.labels.numpy(), minlength=splits.num_classes)
-    data_group = client_group(cfg, splits, pid, int(context.node_config["num-partitions"]))
+    data_group = client_group(cfg.data, splits, pid, int(context.node_config["num-partitions"]))
     memory_mb = 0
     if "memory-mb" in context.node_config:  # a device declares how much its model may use
         memory_mb = node_config_int(context.node_config, "memory-mb")
-        check_memory(ModelSpec.from_config(cfg, num_classes_of(cfg)), capacity, memory_mb)
+        check_memory(ModelSpec.from_config(cfg.model, run_num_classes(cfg)), capacity, memory_mb)
     reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
                           "num-partitions": int(context.node_config["num-partitions"]),
                           "num-examples": len(examples), "group": data_group,

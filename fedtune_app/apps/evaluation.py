@@ -10,7 +10,7 @@ from sklearn.metrics import matthews_corrcoef
 from torch import nn
 
 from fedtune_app.data.groups import GroupedModel, GroupedRecipe, group_config, group_specs
-from fedtune_app.data.splits import load_data, num_classes_of
+from fedtune_app.data.splits import run_num_classes, run_splits
 from fedtune_app.federated.strategy import ClientInfo
 from fedtune_app.methods import recipe_for
 from fedtune_app.model.adapters import trainable_parameters
@@ -35,7 +35,7 @@ class GlobalEvaluator:
         self.device = pick_device(cfg["device"])
         check_precision(cfg["precision"], self.device)
         self.model.to(self.device)
-        splits = load_data(cfg)
+        splits = run_splits(cfg)
         self.test, self.domain_names = splits.test, splits.domain_names
 
     def per_domain(self, correct: np.ndarray) -> dict[str, float]:
@@ -59,7 +59,7 @@ class GlobalEvaluator:
         labels = self.test.labels.numpy()
         correct = preds == labels
         per_class = np.array([correct[labels == c].mean() if (labels == c).any() else np.nan
-                              for c in range(num_classes_of(self.cfg))])
+                              for c in range(run_num_classes(self.cfg))])
         groups = self.per_domain(correct)
         for c in self.clients if not groups else ():
             weights = np.asarray(c.label_counts, dtype=float)
@@ -78,14 +78,14 @@ class GlobalEvaluator:
 
 def build_global(cfg: dict):
     """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
-    specs = group_specs(cfg)
+    specs = group_specs(cfg.model)
     if not specs:
         recipe = recipe_for(cfg)
-        return recipe.build(ModelSpec.from_config(cfg, num_classes_of(cfg))), recipe
+        return recipe.build(ModelSpec.from_config(cfg.model, run_num_classes(cfg))), recipe
     recipes = [recipe_for(cfg, g) for g in range(len(specs))]
-    models = [r.build(ModelSpec.from_config(group_config(cfg, g),
-                                            num_classes_of(group_config(cfg, g))))
-              for g, r in enumerate(recipes)]
+    groups = [group_config(cfg, g) for g in range(len(specs))]
+    models = [r.build(ModelSpec.from_config(g.model, run_num_classes(g)))
+              for g, r in zip(groups, recipes)]
     return GroupedModel(models), GroupedRecipe(recipes)
 
 

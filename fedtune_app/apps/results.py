@@ -65,7 +65,7 @@ class ResultsWriter:
         self.folder = folder
         self.started, self.rounds_done = time.time(), 0  # this process's rounds: elapsed, ETA
         self.metrics: list[dict] = list(metrics)  # a resumed run starts with the earlier rounds
-        self.class_names = class_names_of(cfg)
+        self.class_names = class_names_of(cfg.data)
         self.write_config(clients)
         self.tracker = make_tracker(cfg, folder)
         for record in self.metrics:  # a resumed run's tracker gets the earlier rounds too
@@ -74,7 +74,7 @@ class ResultsWriter:
     def write_config(self, clients) -> None:
         """The run config and the clients (at start; at the end: every partition that took
         part, with the node that served it last)."""
-        write_json(self.folder / "config.json", {"run-config": self.cfg,
+        write_json(self.folder / "config.json", {"run-config": dict(self.cfg.flat),
                                                  "class-names": self.class_names,
                                                  "clients": [asdict(c) for c in clients]})
 

@@ -35,12 +35,12 @@ def query_nodes(grid: Grid, cfg: dict) -> NodeSet:
 
 def run_federation(grid: Grid, cfg: dict) -> str:
     """The whole run; returns the results folder."""
-    domains = domain_list(cfg)
+    domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))
     check_precision(cfg["precision"], pick_device(cfg["device"]))  # no GPU: stop before loading
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
     model, recipe = build_global(model_cfg)  # with model groups: one model per group
-    grouped = num_groups(cfg) > 0  # capacities then choose a model, not a number of blocks
+    grouped = num_groups(cfg.model) > 0  # capacities then choose a model, not a number of blocks
     if not grouped:
         check_capacities(client_capacities(cfg), model.num_blocks)
     nodes = query_nodes(grid, cfg)

@@ -55,7 +55,7 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(folder / "tensorboard"))
-        self.writer.add_text("config", "```\n" + json.dumps(cfg, indent=1) + "\n```")
+        self.writer.add_text("config", "```\n" + json.dumps(dict(cfg.flat), indent=1) + "\n```")
 
     def log_round(self, step, scalars):
         for name, value in scalars.items():

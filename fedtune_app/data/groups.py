@@ -29,12 +29,9 @@ import torch
 from torch import nn
 
 from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.config import ConfigError, parse_int_list
+from fedtune_app.config import ConfigError, ModelConfig, RunConfig, parse_int_list
 
 PREFIX = "groups."
-# Methods that put every client in one group (AllSmall: 0, AllLarge: -1), filled by the methods
-# when they register: this layer names no method.
-FIXED_GROUP: dict[str, int] = {}
 
 
 def prefix(group: int) -> str:
@@ -48,97 +45,101 @@ def group_of_name(name: str) -> int | None:
     return int(name.split(".", 2)[1])
 
 
-def _entries(cfg: dict, key: str) -> list[str]:
-    return [p.strip() for p in cfg[key].split(";")] if cfg[key].strip() else []
+def _entries(text: str) -> list[str]:
+    return [p.strip() for p in text.split(";")] if text.strip() else []
 
 
-def group_specs(cfg: dict) -> list[dict]:
+def group_specs(model: ModelConfig) -> list[dict]:
     """Per group: its values of the keys 'model', 'model-args', 'model-source' ([] = no groups).
     The number of groups is the longest of the three lists; a one-entry list serves all."""
     keys = {"model": "model-groups", "model-args": "model-group-args",
             "model-source": "model-group-sources"}
-    lists = {k: _entries(cfg, key) for k, key in keys.items()}
+    given = {"model": model.model_groups, "model-args": model.model_group_args,
+             "model-source": model.model_group_sources}
+    single = {"model": model.model, "model-args": model.model_args,
+              "model-source": model.model_source}
+    lists = {k: _entries(text) for k, text in given.items()}
     if not lists["model"]:
         return []
     count = max(len(v) for v in lists.values())
     for k, values in lists.items():
         if len(values) not in (0, 1, count):
-            raise ConfigError(f"run-config key '{keys[k]}' = {cfg[keys[k]]!r} has {len(values)} "
+            raise ConfigError(f"run-config key '{keys[k]}' = {given[k]!r} has {len(values)} "
                               f"entries but another model-group key has {count}; give one per "
                               "group or one for all, separated by ';'")
-        lists[k] = values * count if len(values) == 1 else values or [cfg[k]] * count
+        lists[k] = values * count if len(values) == 1 else values or [single[k]] * count
     return [{k: lists[k][g] for k in keys} for g in range(count)]
 
 
-def num_groups(cfg: dict) -> int:
-    return len(group_specs(cfg))
+def num_groups(model: ModelConfig) -> int:
+    return len(group_specs(model))
 
 
-def group_config(cfg: dict, group: int | None) -> dict:
+def group_config(run: RunConfig, group: int | None) -> RunConfig:
     """The run config as group ``group``'s nodes see it (its model keys); None: unchanged."""
-    return cfg if group is None else cfg | group_specs(cfg)[group]
+    return run if group is None else run.replace(**group_specs(run.model)[group])
 
 
-def group_ratio(cfg: dict) -> list[int]:
+def group_ratio(model: ModelConfig) -> list[int]:
     from fedtune_app.data.scenarios import parse_ratio
 
-    m = num_groups(cfg)
-    if not cfg["model-group-ratio"]:
+    m = num_groups(model)
+    if not model.model_group_ratio:
         return [1] * m
-    ratio = parse_ratio(cfg["model-group-ratio"], key="model-group-ratio")
+    ratio = parse_ratio(model.model_group_ratio, key="model-group-ratio")
     if len(ratio) != m:
-        raise ConfigError(f"run-config key 'model-group-ratio' = {cfg['model-group-ratio']!r} has "
+        raise ConfigError(f"run-config key 'model-group-ratio' = {model.model_group_ratio!r} has "
                           f"{len(ratio)} parts but 'model-groups' lists {m} groups")
     return ratio
 
 
-def group_thresholds(cfg: dict) -> list[int]:
-    m = num_groups(cfg)
-    values = parse_int_list("model-group-capacities", cfg["model-group-capacities"])
+def group_thresholds(model: ModelConfig) -> list[int]:
+    m = num_groups(model)
+    values = parse_int_list("model-group-capacities", model.model_group_capacities)
     if len(values) != m or values != sorted(values):
         raise ConfigError(f"run-config key 'model-group-capacities' = "
-                          f"{cfg['model-group-capacities']!r}: expected {m} ascending capacities, "
+                          f"{model.model_group_capacities!r}: expected {m} ascending capacities, "
                           "one per model group")
     return values
 
 
-def node_model_group(cfg: dict, partition_id: int, num_partitions: int,
+def node_model_group(run: RunConfig, partition_id: int, num_partitions: int,
                      capacity: int) -> int | None:
     """The model group of a node (None: a single-model run)."""
-    m = num_groups(cfg)
+    model = run.model
+    m = num_groups(model)
     if not m:
         return None
-    if cfg["method"] in FIXED_GROUP:
-        return FIXED_GROUP[cfg["method"]] % m
-    if cfg["model-group-assign"] == "capacity":
-        fits = [g for g, t in enumerate(group_thresholds(cfg)) if t <= capacity]
+    if run.fixed_group is not None:  # AllSmall / AllLarge: one group for every client
+        return run.fixed_group % m
+    if model.model_group_assign == "capacity":
+        fits = [g for g, t in enumerate(group_thresholds(model)) if t <= capacity]
         if not fits:
             raise ConfigError(f"client {partition_id} has capacity {capacity}, below every "
                               f"threshold of run-config key 'model-group-capacities' = "
-                              f"{cfg['model-group-capacities']!r}")
+                              f"{model.model_group_capacities!r}")
         return fits[-1]
     from fedtune_app.data.scenarios import _ratio_capacities
 
-    groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(cfg)), num_partitions,
-                               cfg["seed"])
+    groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(model)), num_partitions,
+                               run.seed)
     return groups[partition_id]
 
 
-def check_groups(cfg: dict, single_model_methods, group_methods) -> None:
+def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:
     """Model-group keys agree with each other and with the method (before any training)."""
-    specs = group_specs(cfg)
-    if not specs:
-        if cfg["method"] not in single_model_methods:
-            raise ConfigError(f"run-config key 'method' = {cfg['method']!r} needs model groups: "
+    if not group_specs(run.model):
+        if run.method not in single_model_methods:
+            raise ConfigError(f"run-config key 'method' = {run.method!r} needs model groups: "
                               "set 'model-groups' (e.g. two timm models separated by ';')")
         return
-    if cfg["method"] not in group_methods:
-        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} does not run over model "
+    if run.method not in group_methods:
+        raise ConfigError(f"run-config key 'method' = {run.method!r} does not run over model "
                           f"groups ('model-groups' is set); allowed: {', '.join(group_methods)}")
-    if cfg["model-group-assign"] == "capacity":
-        group_thresholds(cfg)
+    if run.model.model_group_assign == "capacity":
+        group_thresholds(run.model)
     else:
-        group_ratio(cfg)
+        group_ratio(run.model)
 
 
 @functools.lru_cache(maxsize=16)
@@ -149,9 +150,10 @@ def _depth(spec: ModelSpec) -> int:
         return _build(replace(spec, source="random")).num_blocks
 
 
-def group_depths(cfg: dict) -> list[int]:
+def group_depths(run: RunConfig) -> list[int]:
     """Blocks of each group's backbone."""
-    return [_depth(ModelSpec.from_config(group_config(cfg, g), 2)) for g in range(num_groups(cfg))]
+    return [_depth(ModelSpec.from_config(group_config(run, g).model, 2))
+            for g in range(num_groups(run.model))]
 
 
 class GroupedModel(nn.Module):

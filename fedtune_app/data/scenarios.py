@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedtune_app.config import ConfigError, parse_int_list
+from fedtune_app.config import ConfigError, RunConfig
 
 
 def parse_ratio(text: str, key: str = "capacity-ratio") -> list[int]:
@@ -43,55 +43,56 @@ def _ratio_capacities(levels: tuple[int, ...], ratio: tuple[int, ...], n: int,
     return tuple(int(c) for c in np.random.default_rng(seed).permutation(capacities))
 
 
-def num_clients(cfg: dict) -> int:
+def num_clients(run: RunConfig) -> int:
     """How many clients (partitions) the scenario has."""
-    capacities = parse_int_list("capacities", cfg["capacities"])
-    derived = {"list": len(capacities),
-               "per-domain": len(capacities) * cfg["clients-per-domain"],
-               "ratio": cfg["num-clients"]}[cfg["capacity-profile"]]
-    if cfg["capacity-profile"] == "ratio" and not derived:
+    fed = run.federation
+    derived = {"list": len(fed.capacity_list),
+               "per-domain": len(fed.capacity_list) * run.data.clients_per_domain,
+               "ratio": fed.num_clients}[fed.capacity_profile]
+    if fed.capacity_profile == "ratio" and not derived:
         raise ConfigError("run-config key 'capacity-profile' = 'ratio' needs 'num-clients' > 0")
-    if cfg["num-clients"] and cfg["num-clients"] != derived:
-        raise ConfigError(f"run-config key 'num-clients' = {cfg['num-clients']} but the "
-                          f"capacity profile {cfg['capacity-profile']!r} describes {derived} "
+    if fed.num_clients and fed.num_clients != derived:
+        raise ConfigError(f"run-config key 'num-clients' = {fed.num_clients} but the "
+                          f"capacity profile {fed.capacity_profile!r} describes {derived} "
                           "clients (set num-clients = 0 to derive it)")
     return derived
 
 
-def client_capacities(cfg: dict) -> list[int]:
+def client_capacities(run: RunConfig) -> list[int]:
     """The (static) capacity of every partition 0..N-1."""
-    capacities = parse_int_list("capacities", cfg["capacities"])
-    profile = cfg["capacity-profile"]
-    n = num_clients(cfg)
-    if profile == "list":
+    fed = run.federation
+    capacities = list(fed.capacity_list)
+    n = num_clients(run)
+    if fed.capacity_profile == "list":
         return capacities
-    if profile == "per-domain":
-        return [capacities[i // cfg["clients-per-domain"]] for i in range(n)]
-    ratio = parse_ratio(cfg["capacity-ratio"])
+    if fed.capacity_profile == "per-domain":
+        return [capacities[i // run.data.clients_per_domain] for i in range(n)]
+    ratio = parse_ratio(fed.capacity_ratio)
     if len(ratio) != len(capacities):
-        raise ConfigError(f"run-config key 'capacity-ratio' = {cfg['capacity-ratio']!r} has "
+        raise ConfigError(f"run-config key 'capacity-ratio' = {fed.capacity_ratio!r} has "
                           f"{len(ratio)} parts but 'capacities' lists {len(capacities)} levels")
-    return list(_ratio_capacities(tuple(capacities), tuple(ratio), n, cfg["seed"]))
+    return list(_ratio_capacities(tuple(capacities), tuple(ratio), n, run.seed))
 
 
-def check_scenario(cfg: dict, num_domains: int | None) -> None:
+def check_scenario(run: RunConfig, num_domains: int | None) -> None:
     """Clients, domains and partitioner agree (before any training starts)."""
-    n = num_clients(cfg)
-    client_capacities(cfg)
-    partitioner, k = cfg["partitioner"], cfg["clients-per-domain"]
-    if cfg["capacity-profile"] == "per-domain":
+    n = num_clients(run)
+    client_capacities(run)
+    fed = run.federation
+    partitioner, k = run.data.partitioner, run.data.clients_per_domain
+    if fed.capacity_profile == "per-domain":
         if not partitioner.startswith("domain"):
             raise ConfigError("run-config key 'capacity-profile' = 'per-domain' needs "
                               "'partitioner' = domain or domain-dirichlet")
-        given = len(parse_int_list("capacities", cfg["capacities"]))
+        given = len(fed.capacity_list)
         if num_domains is not None and given != num_domains:
             raise ConfigError(f"run-config key 'capacities' lists {given} values but the data "
                               f"set uses {num_domains} domains (capacity-profile per-domain)")
-    if cfg["client-sampling"] == "per-domain":
+    if fed.client_sampling == "per-domain":
         if not partitioner.startswith("domain"):
             raise ConfigError("run-config key 'client-sampling' = 'per-domain' needs "
                               "'partitioner' = domain or domain-dirichlet (clients with domains)")
-        k_round = cfg["clients-per-round"]
+        k_round = fed.clients_per_round
         if k_round and num_domains is not None and k_round != num_domains:
             raise ConfigError(f"run-config key 'clients-per-round' = {k_round} but "
                               f"'client-sampling' = 'per-domain' draws one client from each of "

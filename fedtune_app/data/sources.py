@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, DataConfig
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -298,44 +298,44 @@ def domain_folder(dataset: str, data_dir: str, domains: list[str], max_classes: 
 
 
 # -- any Hugging Face data set -------------------------------------------------------------------
-def hugging_face(cfg: dict) -> Raw:
+def hugging_face(data: DataConfig) -> Raw:
     """``hf-dataset``: a hub name (needs internet) or a folder written by ``save_to_disk``. The
     train split and ``hf-test-split`` are its official split; image columns stay lazy."""
     from datasets import ClassLabel, Image, load_dataset, load_from_disk
 
-    name = cfg["hf-dataset"]
+    name = data.hf_dataset
     if not name:
         raise ConfigError("dataset 'hf' needs run-config key 'hf-dataset' (a Hugging Face hub "
                           "name, e.g. uoft-cs/cifar10, or a folder saved with save_to_disk)")
     local = Path(name).expanduser()
     try:
         if (local / "dataset_dict.json").is_file():
-            data = load_from_disk(str(local))
+            loaded = load_from_disk(str(local))
         else:
-            data = load_dataset(name, cfg["hf-config"] or None)
+            loaded = load_dataset(name, data.hf_config or None)
     except Exception as err:  # offline, unknown name, missing config: all the user's to fix
         raise ConfigError(f"run-config key 'hf-dataset' = {name!r} could not be loaded "
                           f"({err.__class__.__name__}: {str(err)[:200]}); it needs internet "
                           "access, or a local folder written with "
                           "DatasetDict.save_to_disk") from None
-    test_split = cfg["hf-test-split"]
+    test_split = data.hf_test_split
     for split in ("train", test_split):
-        if split not in data:
+        if split not in loaded:
             raise ConfigError(f"Hugging Face data set {name!r} has no split {split!r} "
-                              f"(key 'hf-test-split'); it has: {', '.join(data)}")
-    features = data["train"].features
-    label = cfg["hf-label-column"]
+                              f"(key 'hf-test-split'); it has: {', '.join(loaded)}")
+    features = loaded["train"].features
+    label = data.hf_label_column
     if label not in features:
         raise ConfigError(f"run-config key 'hf-label-column' = {label!r} is not a column of "
                           f"{name!r}; columns: {', '.join(features)}")
-    columns = [c for c in cfg["hf-input-column"].split(",") if c] or [
+    columns = [c for c in data.hf_input_column.split(",") if c] or [
         next((c for c, f in features.items() if isinstance(f, Image)), None)
         or next(c for c in ("sentence", "text", "img", "image") if c in features)]
     bad = [c for c in columns if c not in features]
     if bad:
         raise ConfigError(f"run-config key 'hf-input-column': {bad} not in {name!r}; columns: "
                           f"{', '.join(features)}")
-    parts = [data["train"], data[test_split]]
+    parts = [loaded["train"], loaded[test_split]]
     labels = np.concatenate([np.asarray(p[label], dtype=np.int64) for p in parts])
     classes = (features[label].names if isinstance(features[label], ClassLabel)
                else [str(k) for k in range(int(labels.max()) + 1)])
@@ -346,8 +346,8 @@ def hugging_face(cfg: dict) -> Raw:
         items = [(0, i) for i in range(n_train)] + [(1, i) for i in range(len(parts[1]))]
         decode = lambda item: pil_to_tensor(parts[item[0]][item[1]][column])  # noqa: E731
         first = decode(items[0])
-        inputs = LazyImages(items, decode, cfg["image-size"] or first.shape[-1],
-                            cfg["image-channels"] or first.shape[0])
+        inputs = LazyImages(items, decode, data.image_size or first.shape[-1],
+                            data.image_channels or first.shape[0])
     elif len(columns) == 2:  # sentence pairs (GLUE QQP, MRPC, ...): the tokenizer pairs them
         inputs = [(str(row[columns[0]]), str(row[columns[1]])) for p in parts for row in p]
     else:  # text: more columns are joined with " | "

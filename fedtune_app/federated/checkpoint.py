@@ -63,7 +63,7 @@ def save_checkpoint(folder: Path, strategy: LayerPlanStrategy, metrics: list[dic
     tensors = {f"state/{k}": np.ascontiguousarray(v) for k, v in strategy.state.items()}
     tensors |= {f"extra/{k}": np.ascontiguousarray(v) for k, v in strategy.extra_state().items()}
     tensors["rng/torch"] = torch.get_rng_state().numpy()
-    meta = {"round": strategy.history[-1].round, "config": cfg,
+    meta = {"round": strategy.history[-1].round, "config": dict(cfg.flat),
             "clients": _client_facts(strategy.clients),
             "rng": strategy.rng.bit_generator.state,
             "rng-sampling": strategy.sampling_rng.bit_generator.state,

@@ -4,10 +4,11 @@ Every module of this package (but ``registry``) is imported in name order and re
 method(s) with ``registry.register_method``: a new method is one new file here.
 """
 
+import dataclasses
 import importlib
 import pkgutil
 
-from fedtune_app.config import ConfigError, resolve
+from fedtune_app.config import ConfigError, RunConfig, register_derived, resolve
 from fedtune_app.data.groups import check_groups, num_groups
 from fedtune_app.methods.registry import METHODS, Method, method_of, register_method
 from fedtune_app.training.recipes import ClientRecipe
@@ -16,13 +17,23 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module != "registry":
         importlib.import_module(f"{__name__}.{_module}")
 
+
+def _what_the_method_says(run: RunConfig) -> RunConfig:
+    """Every run config built: the data its method holds out, its fixed model group."""
+    method = method_of(run)
+    return dataclasses.replace(run, held_out=method.held_out(run), fixed_group=method.fixed_group)
+
+
+register_derived(_what_the_method_says)
+
 __all__ = ["METHODS", "Method", "method_of", "recipe_for", "register_method", "resolve_config",
            "strategy_class"]
 
 
-def resolve_config(run_config: dict) -> dict:
+def resolve_config(run_config: dict) -> RunConfig:
     """The run config, every key checked (``config.resolve``), every method's keys and rules
-    known: bad configuration stops here, before any training."""
+    known, and what the method says of the run (its held-out data, its fixed model group): bad
+    configuration stops here, before any training."""
     cfg = resolve(run_config)
     method = method_of(cfg)
     check_groups(cfg, [m.name for m in METHODS.values() if m.strategy],
@@ -45,4 +56,4 @@ def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
 
 def strategy_class(cfg: dict):
     method = method_of(cfg)
-    return method.group_strategy if num_groups(cfg) else method.strategy
+    return method.group_strategy if num_groups(cfg.model) else method.strategy

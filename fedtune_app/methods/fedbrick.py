@@ -82,8 +82,8 @@ import torch
 from torch import nn
 
 from fedtune_app.model.adapters import block_of, load_state, names_for_plan
-from fedtune_app.config import ConfigError, register_check
-from fedtune_app.data.splits import HOLDOUTS, domain_list, load_data, proxy_indices
+from fedtune_app.config import ConfigError
+from fedtune_app.data.splits import domain_list, proxy_indices, run_splits
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import to_device, train_local
 from fedtune_app.methods.fedra import FedRA
@@ -110,7 +110,7 @@ class Brick(nn.Module):
 
 def brick_domains(cfg: dict) -> list[str]:
     """One BRICK group per domain when clients are split by domain, else one for all."""
-    domains = domain_list(cfg)
+    domains = domain_list(cfg.data)
     if not domains or not cfg["partitioner"].startswith("domain"):
         return [ALL]
     return list(domains)
@@ -343,8 +343,8 @@ class FedBRICK(FedRA):
     def proxy_sets(self) -> dict:
         """Domain -> the server's proxy examples of that domain."""
         if self._proxy is None:
-            splits = load_data(self.cfg)
-            proxy = splits.train.subset(proxy_indices(self.cfg, splits))
+            splits = run_splits(self.cfg)
+            proxy = splits.train.subset(proxy_indices(self.cfg.data.proxy_fraction, splits))
             if self.domains == [ALL]:
                 self._proxy = {ALL: proxy} if len(proxy) else {}
             else:
@@ -376,15 +376,6 @@ class FedBRICK(FedRA):
         return out
 
 
-def check_config(cfg: dict) -> None:
-    """FedBRICK's proxy split and FedMD/FedDF's public split index the clients' data differently."""
-    if cfg["proxy-for-all-methods"] and HOLDOUTS.get(cfg["method"]) == "public":
-        raise ConfigError(f"run-config key 'proxy-for-all-methods' = true cannot be combined with "
-                          f"method {cfg['method']!r}: its public split ('public-fraction') "
-                          "already takes its own share of the clients' data")
-
-
-register_check(check_config)  # a rule for every method: proxy-for-all-methods applies to all
 @dataclass(frozen=True)
 class FedBRICKConfig(ConfigPart):
     """FedBRICK's own keys (its paper's open choices are keys here)."""
@@ -409,19 +400,9 @@ class FedBRICKConfig(ConfigPart):
     fedbrick_server_optimizer: str = config_key("adam", choices=('adam', 'sgd'), help=
         "FedBRICK: optimizer of the server-side BRICK distillation (the paper gives only its "
         "'server learning rate of 1e-4'; Adam is ours, plain SGD the alternative)")
-    proxy_held_out: bool = config_key(True, help=
-        "FedBRICK's proxy set is taken out of the clients' data (the server 'owns' it; false: the "
-        "clients keep those examples too)")
     fedbrick_server_lr: float = config_key(0.0001, minimum=0, help=
         "FedBRICK: Adam learning rate of the server-side distillation (paper: server learning rate"
         " 1e-4)")
-    proxy_fraction: float = config_key(0.05, minimum=0, maximum=0.5, help=
-        "fraction of each domain's training examples the server holds as proxy data (FedBRICK, "
-        "paper: 5%); taken out of the clients' data for fedbrick, or for every method with 'proxy-"
-        "for-all-methods'")
-    proxy_for_all_methods: bool = config_key(False, help=
-        "take the proxy split out of the clients' data for every method, so a comparator trains on"
-        " exactly FedBRICK's client data")
 
 
 register_method("fedbrick", strategy=FedBRICK, recipe=FedBRICKRecipe, holdout="proxy",

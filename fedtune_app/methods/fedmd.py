@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.data.splits import load_data, num_classes_of, public_split
+from fedtune_app.data.splits import public_split, run_num_classes, run_splits
 from fedtune_app.training.distill import (DistillConfig, consensus, digest_loss, distill,
                                           scores_on)
 from fedtune_app.training.recipes import ClientRecipe
@@ -42,7 +42,7 @@ CONSENSUS = "fedmd.consensus"
 
 
 def public_set(cfg: dict):
-    return public_split(cfg, load_data(cfg))[1]
+    return public_split(cfg.held_out, run_splits(cfg))[1]
 
 
 class FedMDRecipe(ClientRecipe):
@@ -51,7 +51,7 @@ class FedMDRecipe(ClientRecipe):
     def received(self, model, plan):
         if not hasattr(self, "_consensus"):
             self._public = public_set(self.cfg)
-            self._consensus = torch.zeros(len(self._public), num_classes_of(self.cfg))
+            self._consensus = torch.zeros(len(self._public), run_num_classes(self.cfg))
         return super().received(model, plan) | {CONSENSUS: self._consensus}
 
     def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round) -> float:
@@ -75,7 +75,7 @@ class FedMD(GroupStrategy):
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
-        shape = (len(public_set(cfg)), num_classes_of(cfg))
+        shape = (len(public_set(cfg)), run_num_classes(cfg))
         self.state[CONSENSUS] = np.zeros(shape, dtype=np.float32)
 
     def client_payload(self, client, plan):

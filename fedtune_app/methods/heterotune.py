@@ -145,7 +145,7 @@ def fused_inference(model: nn.Module):
 def attach_fedadapters(model, cfg: dict, group: int):
     """FedAdapters on every block's ``adapter-modules`` (in place); trainable: the local
     adapters, branch weights, head and share branch ``group``."""
-    m, r, positions = num_groups(cfg), cfg["lora-r"], share_positions(cfg)
+    m, r, positions = num_groups(cfg.model), cfg["lora-r"], share_positions(cfg)
     modules = resolve_modules(model, cfg["adapter-modules"])
     model.share = ShareBank(positions, m, r)
     for j, block in enumerate(model.blocks):
@@ -170,7 +170,7 @@ def is_fixed_branch(name: str, cfg: dict) -> bool:
 
 class HeteroTuneRecipe(ClientRecipe):
     def cache_key(self):
-        return (num_groups(self.cfg), share_positions(self.cfg),
+        return (num_groups(self.cfg.model), share_positions(self.cfg),
                 self.cfg["heterotune-learnable-weights"])
 
     def wire(self, name):

@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fedtune_app.config import ConfigError, ConfigPart, NoKeys, did_you_mean, register_keys
-from fedtune_app.data.groups import FIXED_GROUP
-from fedtune_app.data.splits import HOLDOUTS
+from fedtune_app.config import ConfigError, ConfigPart, HeldOut, NoKeys, RunConfig, did_you_mean, \
+    register_keys
 from fedtune_app.training.recipes import ClientRecipe
 
 
@@ -25,6 +24,24 @@ class Method:
     group_strategy: type | None  # model groups (key 'model-groups'): one backbone per group
     recipe: type
     check: Callable[[dict], None] | None
+    holdout: str | None  # 'proxy' or 'public': data its server keeps out of the clients'
+    fixed_group: int | None  # over model groups, the group of every client
+
+    def held_out(self, run: RunConfig) -> HeldOut:
+        """What this run's server keeps out of every client's training data: the proxy split
+        when the method keeps one (and 'proxy-held-out'), for every method with
+        'proxy-for-all-methods', and always as FLTrust's root set; the public set of FedMD and
+        FedDF."""
+        data = run.data
+        if data.proxy_for_all_methods and self.holdout == "public":
+            raise ConfigError(f"run-config key 'proxy-for-all-methods' = true cannot be combined "
+                              f"with method {self.name!r}: its public split ('public-fraction') "
+                              "already takes its own share of the clients' data")
+        proxy = data.proxy_fraction > 0 and (
+            run.robust.aggregator == "fltrust" or data.proxy_held_out and (
+                self.holdout == "proxy" or data.proxy_for_all_methods))
+        return HeldOut(proxy=data.proxy_fraction if proxy else 0.0,
+                       public=run.own.public_fraction if self.holdout == "public" else 0.0)
 
 
 METHODS: dict[str, Method] = {}
@@ -45,11 +62,7 @@ def register_method(name: str, *, strategy: type | None = None,
     if strategy is None and group_strategy is None:
         raise ValueError(f"method {name!r} needs a strategy or a group_strategy")
     register_keys(f"method {name}", config, method=name)
-    if holdout is not None:
-        HOLDOUTS[name] = holdout
-    if fixed_group is not None:
-        FIXED_GROUP[name] = fixed_group
-    METHODS[name] = Method(name, strategy, group_strategy, recipe, check)
+    METHODS[name] = Method(name, strategy, group_strategy, recipe, check, holdout, fixed_group)
 
 
 def method_of(cfg: dict) -> Method:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, ModelConfig
 
 MINILM = "all-MiniLM-L6-v2"
 MPNET = "all-mpnet-base-v2"  # installed from registry packages by fedtune_app.model.assets
@@ -37,8 +37,8 @@ class ModelSpec:
     num_classes: int = 2
 
     @classmethod
-    def from_config(cls, cfg: dict, num_classes: int) -> "ModelSpec":
-        return cls(cfg["model"], cfg["model-source"], cfg["model-args"], cfg["model-seed"],
+    def from_config(cls, model: ModelConfig, num_classes: int) -> "ModelSpec":
+        return cls(model.model, model.model_source, model.model_args, model.model_seed,
                    num_classes)
 
     @property

@@ -539,7 +539,7 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
 
     from fedtune_app.model.adapters import AdapterSpec, attach_adapters, load_state
     from fedtune_app.model.backbones import ModelSpec, build_backbone
-    from fedtune_app.data.splits import load_data, num_classes_of, stratified_split
+    from fedtune_app.data.splits import run_num_classes, run_splits, stratified_split
     from fedtune_app.methods import METHODS, resolve_config
     from fedtune_app.federated.strategy import ClientInfo
     from fedtune_app.training.local import to_device
@@ -548,14 +548,14 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
     if not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: the run has not finished (no final state)")
     cfg = resolve_config({k: v for k, v in run.config.items() if k != "preset"})
-    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg, num_classes_of(cfg))),
+    model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg))
     state = load_file(str(state_file))
     load_state(model, state)
     clients = [ClientInfo(**(c | {"label_counts": tuple(c["label_counts"])}))
                for c in run.clients]
     plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, state).eval_plan()
-    splits = load_data(cfg)
+    splits = run_splits(cfg)
     test = splits.test
     if num_examples < len(test):
         _, keep = stratified_split(test.labels.numpy(), num_examples / len(test), seed)

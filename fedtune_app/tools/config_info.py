@@ -19,7 +19,7 @@ from fedtune_app.apps.evaluation import parameter_counts
 from fedtune_app.config import app_defaults
 from fedtune_app.data.groups import group_config, group_specs
 from fedtune_app.data.scenarios import num_clients
-from fedtune_app.data.splits import num_classes_of
+from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec
 
@@ -38,11 +38,11 @@ PAPER_TABLE2 = {"meta-llama/Llama-3.2-1B": (1236.58, 50.33),
 def parameter_table(cfg: dict) -> list[dict]:
     """Table 2 of a run config without any weights (architectures on the meta device)."""
     rows = []
-    for g, spec in enumerate(group_specs(cfg)):
+    for g, spec in enumerate(group_specs(cfg.model)):
         model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
         with torch.device("meta"):
             recipe = recipe_for(cfg, g)
-            model = recipe.build(ModelSpec.from_config(model_cfg, num_classes_of(model_cfg)))
+            model = recipe.build(ModelSpec.from_config(model_cfg.model, run_num_classes(model_cfg)))
             rows.append({"group": g, "model": spec["model"], "model-args": spec["model-args"]}
                         | parameter_counts(model, recipe))
     return rows

@@ -102,7 +102,7 @@ def load_run(folder: Path) -> tuple[dict, dict[str, np.ndarray], list[dict]]:
 
 def group_states(cfg: dict, state: dict[str, np.ndarray]) -> dict[int | None, dict]:
     """group -> its tensors with model-parameter names (None: a single-model run)."""
-    if not group_specs(cfg):
+    if not group_specs(cfg.model):
         return {None: state}
     groups: dict[int | None, dict] = {}
     for name, value in state.items():
@@ -319,7 +319,7 @@ _PREDICTING_EXTRAS = (".adapter.", "exits.")
 def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool,
                  class_names: list[str], extras_ok: bool = False) -> dict:
     """One model's export into ``out``; returns what the model card lists."""
-    spec = ModelSpec.from_config(cfg, len(class_names))
+    spec = ModelSpec.from_config(cfg.model, len(class_names))
     backbone = build_backbone(spec)
     library = backbone.library_model()
     set_class_names(library, class_names)
@@ -461,7 +461,7 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
 def run_class_names(folder: Path, cfg: dict) -> list[str]:
     """The class names the run recorded (its config.json), else the data set's."""
     recorded = json.loads((folder / "config.json").read_text()).get("class-names")
-    return list(recorded) if recorded else class_names_of(cfg)
+    return list(recorded) if recorded else class_names_of(cfg.data)
 
 
 def export_run(folder: Path, out: Path | None = None, merge: bool = False,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from fedtune_app.data.splits import num_classes_of
+from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.model.published_blocks import publish
@@ -33,7 +33,7 @@ def main(argv=None) -> None:
                         help="where DIR will be served (only for the printed run-config keys)")
     args = parser.parse_args(argv)
     cfg = resolve_config(parse_config_args([args.run_config] if args.run_config else None))
-    spec = ModelSpec.from_config(cfg, num_classes_of(cfg))
+    spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
     data, manifest, sha = publish(spec, Path(args.out))
     print(f"published {data} ({data.stat().st_size} bytes) and {manifest}")
     print(f'run-config: layered-url="{args.base_url.rstrip("/")}/{manifest.name}" '

@@ -84,10 +84,10 @@ class ClientRecipe:
         one round of the clients' local training on the server's root set (the proxy split,
         held out of every client's data); name -> trained - ``state``. Same optimiser, epochs
         and loss as a client; its own seed (partition id -1)."""
-        from fedtune_app.data.splits import load_data, proxy_indices
+        from fedtune_app.data.splits import proxy_indices, run_splits
 
-        splits = load_data(self.cfg)
-        root = splits.train.subset(proxy_indices(self.cfg, splits))
+        splits = run_splits(self.cfg)
+        root = splits.train.subset(proxy_indices(self.cfg.data.proxy_fraction, splits))
         plan = tuple(range(model.num_blocks))
         self.load(model, state)
         params = self.trainables(model, plan)
