@@ -41,7 +41,7 @@ def wire_bytes(msg: Message) -> int:
 def measure(job: str) -> dict:
     cfg = resolve_config({**app_defaults(), **JOBS[job]})
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
-                            AdapterSpec.from_config(cfg))
+                            AdapterSpec.from_config(cfg.adapter))
     capacities = parse_int_list("capacities", cfg["capacities"])
     clients = [ClientInfo(100 + i, i, c, 100, f"client-{i}") for i, c in enumerate(capacities)]
     # random values: Flower ships content-addressed objects, so the all-zero LoRA B tensors of

@@ -64,7 +64,7 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
     allocation = {r["round"]: r for r in json.loads((folder / "allocation.json").read_text())}
     device = pick_device(cfg["device"])
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
-                            AdapterSpec.from_config(cfg)).to(device)
+                            AdapterSpec.from_config(cfg.adapter)).to(device)
     splits = run_splits(cfg)
     data = {c.partition_id: client_examples(cfg, splits, c.partition_id, len(clients))
             for c in clients}

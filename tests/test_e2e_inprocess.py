@@ -28,7 +28,7 @@ def run(tmp_path, **keys):
 
 def smoke_initial_state(cfg):
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, 10)),
-                            AdapterSpec.from_config(cfg))
+                            AdapterSpec.from_config(cfg.adapter))
     return initial_state(model, cfg["seed"])
 
 

@@ -45,18 +45,19 @@ def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     node's cache folder (``frozen_weights.cache_dir``)."""
     recipe = recipe or recipe_for(cfg)
     spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
-    adapters = AdapterSpec.from_config(cfg)
+    adapters = AdapterSpec.from_config(cfg.adapter)
     folder = cache_dir(cfg, node_config)
-    key = (spec, adapters, cfg["device"], cfg["precision"], type(recipe).__name__,
-           recipe.cache_key(), recipe.group, folder, cfg["layered-url"], cfg["layered-sha256"])
+    key = (spec, adapters, cfg.training.device, cfg.training.precision, type(recipe).__name__,
+           recipe.cache_key(), recipe.group, folder, cfg.model.layered_url,
+           cfg.model.layered_sha256)
     if key not in _MODELS:
         while len(_MODELS) >= max(2, num_groups(cfg.model)):
             _MODELS.pop(next(iter(_MODELS)))
-        device = pick_device(cfg["device"])
-        check_precision(cfg["precision"], device)
+        device = pick_device(cfg.training.device)
+        check_precision(cfg.training.precision, device)
         files = None
-        if cfg["layered-url"]:  # fetch the planned blocks alone, never the whole model
-            files = PublishedBlocks(cfg["layered-url"], cfg["layered-sha256"], spec,
+        if cfg.model.layered_url:  # fetch the planned blocks alone, never the whole model
+            files = PublishedBlocks(cfg.model.layered_url, cfg.model.layered_sha256, spec,
                                     folder).local_file
         model = recipe.build(spec, backbone=functools.partial(build_on_demand, cache_dir=folder,
                                                               device=device, files=files))
@@ -93,7 +94,8 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
     capacities = client_capacities(cfg)
     if len(capacities) != num:
         raise ConfigError(
-            f"the capacity profile ({cfg['capacity-profile']}, run-config key 'capacities') "
+            f"the capacity profile ({cfg.federation.capacity_profile}, run-config key "
+            "'capacities') "
             f"describes {len(capacities)} clients but the federation has {num} nodes; simulate "
             f"{len(capacities)} with --federation-config 'num-supernodes={len(capacities)}' "
             f"(make run does), or describe {num} clients")
@@ -171,7 +173,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     recipe.begin(params, context)
     fit_started = time.perf_counter()
     loss = recipe.fit(model, plan, params, examples,
-                      seed=cfg["seed"] * 1_000_003 + round_ * 1009 + pid, device=device,
+                      seed=cfg.seed * 1_000_003 + round_ * 1009 + pid, device=device,
                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
                       + objective.penalty(), server_round=round_)
     fit_seconds = time.perf_counter() - fit_started

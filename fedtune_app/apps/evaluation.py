@@ -32,8 +32,8 @@ class GlobalEvaluator:
     def __init__(self, cfg: dict, model, clients: list[ClientInfo], recipe=None):
         self.cfg, self.model, self.clients = cfg, model, clients
         self.recipe = recipe or recipe_for(cfg)
-        self.device = pick_device(cfg["device"])
-        check_precision(cfg["precision"], self.device)
+        self.device = pick_device(cfg.training.device)
+        check_precision(cfg.training.precision, self.device)
         self.model.to(self.device)
         splits = run_splits(cfg)
         self.test, self.domain_names = splits.test, splits.domain_names
@@ -53,8 +53,8 @@ class GlobalEvaluator:
 
     def __call__(self, state: dict[str, np.ndarray], plan) -> dict:
         self.recipe.load(self.model, state)
-        outputs = predict_outputs(self.model, plan, self.test, self.cfg["eval-batch-size"],
-                                  self.device, self.cfg["precision"], self.recipe.eval_logits)
+        outputs = predict_outputs(self.model, plan, self.test, self.cfg.federation.eval_batch_size,
+                                  self.device, self.cfg.training.precision, self.recipe.eval_logits)
         preds, losses = next(iter(outputs.values()))
         labels = self.test.labels.numpy()
         correct = preds == labels

@@ -33,13 +33,13 @@ class InjectedFault(RuntimeError):
 
 
 def before_training(cfg: dict, partition_id: int) -> None:
-    if parse_faults(cfg["fault-injection"]).get(partition_id) == "raise":
+    if parse_faults(cfg.federation.fault_injection).get(partition_id) == "raise":
         raise InjectedFault(f"fault-injection: client {partition_id} fails on purpose")
 
 
 def after_training(cfg: dict, partition_id: int, tensors: dict[str, np.ndarray],
                    received: dict[str, np.ndarray], server_round: int) -> dict[str, np.ndarray]:
-    fault = parse_faults(cfg["fault-injection"]).get(partition_id)
+    fault = parse_faults(cfg.federation.fault_injection).get(partition_id)
     if fault == "nan":
         return {name: np.full_like(value, np.nan) for name, value in tensors.items()}
     if fault == "huge":
@@ -51,7 +51,7 @@ def after_training(cfg: dict, partition_id: int, tensors: dict[str, np.ndarray],
         return {name: (sent[name] - FLIP_SCALE * (value - sent[name])).astype(value.dtype)
                 for name, value in tensors.items()}
     if fault == "noise":
-        rng = np.random.default_rng([cfg["seed"], server_round, partition_id])
+        rng = np.random.default_rng([cfg.seed, server_round, partition_id])
         return {name: (sent[name] + rng.standard_normal(value.shape)).astype(value.dtype)
                 for name, value in sorted(tensors.items())}
     return tensors

@@ -156,7 +156,7 @@ def progress(run_configs: list[dict], desc: str = "runs"):
 
     total = sum(resolve_config(rc)["num-server-rounds"] for rc in run_configs)
     with tqdm(total=total, desc=desc, unit="round") as bar, round_listener(
-            lambda cfg, record: (bar.set_postfix_str(f"{cfg['method']} seed {cfg['seed']}"),
+            lambda cfg, record: (bar.set_postfix_str(f"{cfg.method} seed {cfg.seed}"),
                                  bar.update())):
         yield bar
 

@@ -50,14 +50,15 @@ def write_json(path: Path, value) -> None:
 
 
 def results_root(cfg: dict) -> Path:
-    return Path(cfg["results-dir"] or os.environ.get("FEDTUNE_RESULTS_DIR") or "results").resolve()
+    folder = cfg.federation.results_dir or os.environ.get("FEDTUNE_RESULTS_DIR") or "results"
+    return Path(folder).resolve()
 
 
 class ResultsWriter:
     def __init__(self, cfg: dict, strategy, clients, metrics: list[dict] = ()):
         self.cfg, self.strategy = cfg, strategy
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = results_root(cfg) / f"{cfg['method']}-seed{cfg['seed']}-{stamp}"
+        base = results_root(cfg) / f"{cfg.method}-seed{cfg.seed}-{stamp}"
         folder, n = base, 1
         while folder.exists():
             folder, n = Path(f"{base}-{n}"), n + 1
@@ -118,7 +119,7 @@ class ResultsWriter:
             callback(self.cfg, record)
         self.rounds_done += 1
         elapsed = time.time() - self.started
-        eta = elapsed / self.rounds_done * (self.cfg["num-server-rounds"] - server_round)
+        eta = elapsed / self.rounds_done * (self.cfg.federation.num_server_rounds - server_round)
         acc = "   -  " if record["accuracy"] is None else f"{record['accuracy']:.4f}"
         pooled = record["accuracy-pooled"]
         if pooled is not None and f"{pooled:.4f}" != acc:  # unequal domains: show both
@@ -126,7 +127,7 @@ class ResultsWriter:
         loss = "  -  " if record["loss"] is None else f"{record['loss']:.3f}"
         log.info("round %d/%d | accuracy %s | loss %s | train-loss %.3f | down %.2f MB | "
                  "up %.2f MB | rejected %d | %.1f s | elapsed %s | ETA %s", server_round,
-                 self.cfg["num-server-rounds"], acc, loss, entry.train_loss,
+                 self.cfg.federation.num_server_rounds, acc, loss, entry.train_loss,
                  entry.bytes_down / 1e6, entry.bytes_up / 1e6, len(entry.rejected),
                  record["seconds"], clock(elapsed), clock(eta))
 
@@ -141,7 +142,7 @@ class ResultsWriter:
         write_json(self.folder / "allocation.json", self.strategy.allocation_matrices())
         save_file({k: np.ascontiguousarray(v) for k, v in self.strategy.export_state().items()},
                   str(self.folder / "state.safetensors"))
-        plot_accuracy(self.metrics, self.folder / "accuracy.png", self.cfg["method"])
+        plot_accuracy(self.metrics, self.folder / "accuracy.png", self.cfg.method)
         plot_partition(self.strategy.clients, self.strategy.history,
                        self.folder / "partition.png", self.class_names)
         if self.tracker is not None:

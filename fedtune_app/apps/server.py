@@ -29,7 +29,7 @@ def query_nodes(grid: Grid, cfg: dict) -> NodeSet:
     """Wait for the nodes (key 'min-nodes'; 0 = every partition they declare) and ask each its
     partition, capacity, example count and label counts."""
     nodes = NodeSet()
-    nodes.gather(grid, cfg["min-nodes"], cfg["round-timeout"])
+    nodes.gather(grid, cfg.federation.min_nodes, cfg.federation.round_timeout)
     return nodes
 
 
@@ -37,7 +37,8 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     """The whole run; returns the results folder."""
     domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))
-    check_precision(cfg["precision"], pick_device(cfg["device"]))  # no GPU: stop before loading
+    # no GPU: stop before loading
+    check_precision(cfg.training.precision, pick_device(cfg.training.device))
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
     model, recipe = build_global(model_cfg)  # with model groups: one model per group
     grouped = num_groups(cfg.model) > 0  # capacities then choose a model, not a number of blocks
@@ -51,16 +52,16 @@ def run_federation(grid: Grid, cfg: dict) -> str:
     if not grouped:
         check_capacities([c.capacity for c in clients], model.num_blocks)  # node-declared too
     strategy: LayerPlanStrategy = strategy_class(cfg)(
-        cfg, clients, model.num_blocks, recipe.initial_state(model, cfg["seed"]))
+        cfg, clients, model.num_blocks, recipe.initial_state(model, cfg.seed))
     strategy.attach(model, recipe)
     strategy.follow(nodes)  # every round: restarted and late nodes in, offline ones out
-    done_metrics = resume(strategy, cfg) if cfg["resume"] else []
+    done_metrics = resume(strategy, cfg) if cfg.federation.resume else []
     evaluator = (GroupedEvaluator if grouped else GlobalEvaluator)(model_cfg, model, clients,
                                                                    recipe)
     writer = ResultsWriter(cfg, strategy, clients, done_metrics)
-    log.info("fedtune: %s on %s, %d clients %s, %d rounds; results in %s", cfg["method"],
-             cfg["model"], len(clients), [c.capacity for c in clients],
-             cfg["num-server-rounds"], writer.folder)
+    log.info("fedtune: %s on %s, %d clients %s, %d rounds; results in %s", cfg.method,
+             cfg.model.model, len(clients), [c.capacity for c in clients],
+             cfg.federation.num_server_rounds, writer.folder)
 
     def end_of_round(server_round: int, _arrays) -> MetricRecord | None:
         """Flower calls this before round 1 (skipped) and after every round: evaluate when
@@ -69,14 +70,14 @@ def run_federation(grid: Grid, cfg: dict) -> str:
             return None
         evaluator.clients = strategy.clients  # a late partition's label mix counts too
         server_round += strategy.round_offset
-        last = server_round == cfg["num-server-rounds"]
+        last = server_round == cfg.federation.num_server_rounds
         metrics = None
-        if last or server_round % cfg["eval-every"] == 0:
+        if last or server_round % cfg.federation.eval_every == 0:
             started = time.perf_counter()
             metrics = evaluator(strategy.state, strategy.eval_plan())
             metrics["eval-seconds"] = time.perf_counter() - started
         writer.record_round(server_round, metrics)
-        every = cfg["checkpoint-every"]
+        every = cfg.federation.checkpoint_every
         if every and (last or server_round % every == 0):
             save_checkpoint(writer.folder, strategy, writer.metrics, cfg)
         if metrics is None:
@@ -85,7 +86,7 @@ def run_federation(grid: Grid, cfg: dict) -> str:
 
     grid = TalkingGrid(grid, nodes.describe, on_wait=nodes.refresh)  # says whom it waits for
     strategy.start(grid, initial_arrays=to_record(strategy.state),
-                   num_rounds=cfg["num-server-rounds"] - strategy.round_offset,
-                   timeout=cfg["round-timeout"], evaluate_fn=end_of_round)
+                   num_rounds=cfg.federation.num_server_rounds - strategy.round_offset,
+                   timeout=cfg.federation.round_timeout, evaluate_fn=end_of_round)
     writer.finish()
     return str(writer.folder)

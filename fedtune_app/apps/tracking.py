@@ -112,7 +112,7 @@ class WandbTracker(Tracker):
 
 
 def make_tracker(cfg: dict, folder: Path) -> Tracker | None:
-    kind = cfg["tracker"]
+    kind = cfg.federation.tracker
     if not kind:
         return None
     builders = {"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker,

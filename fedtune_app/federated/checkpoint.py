@@ -99,9 +99,9 @@ def _read(resume: str) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def resume(strategy: LayerPlanStrategy, cfg: dict) -> list[dict]:
-    """Restore ``strategy`` from the checkpoint named by ``cfg['resume']`` after checking that
-    this run is the same run; returns the metrics records of the rounds already done."""
-    tensors, meta = _read(cfg["resume"])
+    """Restore ``strategy`` from the checkpoint named by key 'resume' after checking that this
+    run is the same run; returns the metrics records of the rounds already done."""
+    tensors, meta = _read(cfg.federation.resume)
     changed = [f"'{k}' = {cfg[k]!r} (checkpoint: {meta['config'].get(k)!r})" for k in cfg
                if k not in MAY_CHANGE and cfg[k] != meta["config"].get(k)]
     if changed:
@@ -111,9 +111,9 @@ def resume(strategy: LayerPlanStrategy, cfg: dict) -> list[dict]:
         raise ConfigError("run-config key 'resume': the connected clients differ from the "
                           f"stopped run's: {_client_facts(strategy.clients)} vs {meta['clients']}")
     done = int(meta["round"])
-    if done >= cfg["num-server-rounds"]:
+    if done >= cfg.federation.num_server_rounds:
         raise ConfigError(f"run-config key 'resume': the checkpoint already has {done} rounds; "
-                          f"key 'num-server-rounds' = {cfg['num-server-rounds']} adds none")
+                          f"key 'num-server-rounds' = {cfg.federation.num_server_rounds} adds none")
     state = {k.removeprefix("state/"): v for k, v in tensors.items() if k.startswith("state/")}
     expected = {k: v.shape for k, v in strategy.state.items()}
     if {k: v.shape for k, v in state.items()} != expected:

@@ -40,24 +40,26 @@ def objective_of(cfg: dict) -> tuple[str, float]:
     """(kind, coefficient) of this run's local objective: (plain, 0), (fedprox, mu) or
     (feddyn, alpha). DepthFL with ``depthfl-optimizer = feddyn`` (its own paper's setting)
     trains with FedDyn; with ``fedavg`` (the default) it follows ``local-objective``."""
-    kind = cfg["local-objective"]
-    if cfg["method"] == "depthfl" and cfg["depthfl-optimizer"] == "feddyn":
+    kind = cfg.training.local_objective
+    if cfg.method == "depthfl" and cfg.own.depthfl_optimizer == "feddyn":
         if kind != "plain":
             raise ConfigError(f"run-config keys 'depthfl-optimizer' = 'feddyn' and "
                               f"'local-objective' = {kind!r} contradict each other; set "
                               "'depthfl-optimizer' = 'fedavg' to use 'local-objective', or "
                               "'local-objective' = 'plain'")
-        return "feddyn", cfg["depthfl-feddyn-alpha"]
-    if kind == "feddyn" and cfg["method"] in NO_FEDDYN_SERVER_STEP:
+        return "feddyn", cfg.own.depthfl_feddyn_alpha
+    if kind == "feddyn" and cfg.method in NO_FEDDYN_SERVER_STEP:
         raise ConfigError(f"run-config key 'local-objective' = 'feddyn' is not available with "
-                          f"method {cfg['method']!r} (its aggregation has no FedDyn server "
+                          f"method {cfg.method!r} (its aggregation has no FedDyn server "
                           "step); allowed there: plain, fedprox")
-    return kind, {"plain": 0.0, "fedprox": cfg["fedprox-mu"], "feddyn": cfg["feddyn-alpha"]}[kind]
+    training = cfg.training
+    return kind, {"plain": 0.0, "fedprox": training.fedprox_mu,
+                  "feddyn": training.feddyn_alpha}[kind]
 
 
 def state_key(cfg: dict) -> str:
     """Where a node keeps its FedDyn h_i in ``context.state`` (one entry per method)."""
-    return f"{cfg['method']}-feddyn-h"
+    return f"{cfg.method}-feddyn-h"
 
 
 class LocalObjective:

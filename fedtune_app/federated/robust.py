@@ -90,6 +90,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
+from fedtune_app.config import RobustConfig
 from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
                                               masked_weighted_mean)
 
@@ -103,12 +104,12 @@ def norm(x: np.ndarray) -> float:
 
 
 def screen_verdict(size_rms: float, ref_rms: float, length: float, median: float,
-                   holders: int, cfg: dict, peers: bool = True) -> str | None:
+                   holders: int, robust: RobustConfig, peers: bool = True) -> str | None:
     """Why one tensor's update is rejected (module docstring), or None. ``size_rms`` and
     ``length``: rms and L2 norm of the update; ``ref_rms``: rms of the tensor sent; ``median``:
     the median update norm of the tensor's ``holders`` (this one included)."""
-    ratio, growth, floor = (cfg["screen-peer-ratio"], cfg["screen-max-growth"],
-                            cfg["screen-rms-floor"])
+    ratio, growth, floor = (robust.screen_peer_ratio, robust.screen_max_growth,
+                            robust.screen_rms_floor)
     if holders >= 3 and peers:
         if size_rms > floor and length > ratio * median:
             return (f"update norm {length:.3g} > {ratio:g} x the median {median:.3g} of its "
@@ -121,8 +122,8 @@ def screen_verdict(size_rms: float, ref_rms: float, length: float, median: float
     return None
 
 
-def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]], cfg: dict,
-           peers: bool = True) -> dict[str, str]:
+def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]],
+           robust: RobustConfig, peers: bool = True) -> dict[str, str]:
     """Client id -> why its update is rejected (module docstring), for the clients rejected.
     ``sent``: client id -> the tensors the server sent it. ``peers`` False (under DP): every
     tensor is judged against the global tensor only."""
@@ -136,7 +137,7 @@ def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]], 
     for name, by_client in sorted(stats.items()):
         median = float(np.median([n for _, _, n in by_client.values()]))
         for client, (size_rms, ref_rms, length) in sorted(by_client.items()):
-            why = screen_verdict(size_rms, ref_rms, length, median, len(by_client), cfg, peers)
+            why = screen_verdict(size_rms, ref_rms, length, median, len(by_client), robust, peers)
             if why and client not in rejected:
                 rejected[client] = f"screening: '{name}': {why}"
     return rejected
@@ -150,14 +151,14 @@ def names_of(keys: dict[str, str]) -> dict[str, list[str]]:
     return names
 
 
-def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
+def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: RobustConfig,
             keys: dict[str, str] | None = None, reference: dict[str, np.ndarray] | None = None,
             memory: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """New state from ``updates`` with the run's aggregator (module docstring); tensors with the
     same key (``keys``: name -> key, default each name its own) share one value. ``reference``:
     the server's own update on its root set, name -> tensor (fltrust); ``memory``: key -> the
     previous round's aggregated update, updated in place (centred-clip)."""
-    rule = cfg["aggregator"]
+    rule = robust.aggregator
     if rule == "mean":
         return (masked_weighted_mean(state, updates) if keys is None else
                 keyed_weighted_mean(state, updates, keys))
@@ -177,7 +178,7 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict
         if rule == "median":
             agg = np.median(values, axis=0)
         elif rule == "trimmed-mean":
-            agg = trim_mean(values, cfg["trim-beta"])
+            agg = trim_mean(values, robust.trim_beta)
         elif rule == "clipped-mean":
             bound = float(np.median([norm(d) for d in deltas]))
             clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))
@@ -190,14 +191,14 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict
         elif rule == "centred-clip":
             centre = memory.get(key, np.zeros_like(deltas[0])) if memory is not None \
                 else np.zeros_like(deltas[0])
-            step = centred_clip(deltas, centre, cfg["cc-tau"], cfg["cc-iterations"])
+            step = centred_clip(deltas, centre, robust.cc_tau, robust.cc_iterations)
             if memory is not None:
                 memory[key] = step
             agg = held[0].sent + step
         elif rule == "multi-krum":
-            agg = held[0].sent + multi_krum(deltas, cfg["krum-f"])
+            agg = held[0].sent + multi_krum(deltas, robust.krum_f)
         else:  # bulyan
-            agg = held[0].sent + bulyan(deltas, cfg["krum-f"])
+            agg = held[0].sent + bulyan(deltas, robust.krum_f)
         for name in names[key]:
             new_state[name] = agg.astype(state[name].dtype)
     return new_state
@@ -296,21 +297,21 @@ def bulyan(deltas: np.ndarray, f: int) -> np.ndarray:
     return np.take_along_axis(picked, order, axis=0).mean(axis=0)
 
 
-def dp_noise_entropy(cfg: dict) -> np.ndarray:
+def dp_noise_entropy(robust: RobustConfig) -> np.ndarray:
     """The DP noise seed: ``dp-noise-seed``, or 128 fresh bits from the OS (the noise must be
     unknown to anyone who knows the run config), as uint32 words for the checkpoint."""
-    seed = cfg["dp-noise-seed"] or secrets.randbits(128)
+    seed = robust.dp_noise_seed or secrets.randbits(128)
     return np.array([(seed >> (32 * i)) & 0xFFFFFFFF for i in range(4)], dtype=np.uint32)
 
 
-def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: dict,
+def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: RobustConfig,
                entropy: np.ndarray, server_round: int,
                keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """DP-FedAvg over the masked tensors (module docstring). The noise of a round comes from
     (entropy, round) alone, so a resumed run draws exactly the noise of the uninterrupted one."""
     keys = keys or {n: n for n in state}
     names = names_of(keys)
-    clip = cfg["dp-clip-norm"]
+    clip = robust.dp_clip_norm
     sums: dict[str, np.ndarray] = {}
     holders: dict[str, int] = {}
     for u in sorted(updates, key=lambda u: u.client):
@@ -321,7 +322,7 @@ def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: d
             sums[keys[name]] = sums.get(keys[name], 0.0) + d * scale
             holders[keys[name]] = holders.get(keys[name], 0) + 1
     rng = np.random.default_rng([*entropy.tolist(), server_round])
-    sigma = cfg["dp-noise-multiplier"] * clip
+    sigma = robust.dp_noise_multiplier * clip
     new_state = dict(state)
     for key in sorted(sums):
         noisy = (sums[key] + rng.normal(0.0, sigma, size=np.shape(sums[key]))) / holders[key]
@@ -330,7 +331,7 @@ def dp_combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], cfg: d
     return new_state
 
 
-def dp_epsilon(cfg: dict, rounds: int, sample_rate: float) -> float:
+def dp_epsilon(robust: RobustConfig, rounds: int, sample_rate: float) -> float:
     """Privacy spent after ``rounds`` rounds, epsilon for ``dp-delta``, by Opacus' RDP
     accountant. Each round is one Gaussian mechanism on the sampled clients; with a fraction
     ``sample_rate`` < 1 of the clients sampled the accountant assumes Poisson sampling (ours
@@ -338,8 +339,8 @@ def dp_epsilon(cfg: dict, rounds: int, sample_rate: float) -> float:
     from opacus.accountants import RDPAccountant
 
     accountant = RDPAccountant()
-    accountant.history = [(cfg["dp-noise-multiplier"], sample_rate, rounds)]
-    return float(accountant.get_epsilon(cfg["dp-delta"]))
+    accountant.history = [(robust.dp_noise_multiplier, sample_rate, rounds)]
+    return float(accountant.get_epsilon(robust.dp_delta))
 
 
 def largest_updates(updates: list[ClientUpdate], state: dict[str, np.ndarray]) -> dict[str, float]:
@@ -352,14 +353,14 @@ def largest_updates(updates: list[ClientUpdate], state: dict[str, np.ndarray]) -
     return out
 
 
-def state_problem(old: dict[str, np.ndarray], new: dict[str, np.ndarray], cfg: dict,
+def state_problem(old: dict[str, np.ndarray], new: dict[str, np.ndarray], robust: RobustConfig,
                   check_jump: bool = True, skip_jump: tuple[str, ...] = (),
                   accepted: dict[str, float] | None = None) -> str | None:
     """Why ``new`` must not replace ``old`` (module docstring), or None; tensors named in
     ``skip_jump`` need only be finite. ``accepted``: name -> the largest rms of an update of that
     tensor that screening accepted this round; the aggregate may move a tensor that far (a
     mean of accepted updates never moves it further than the largest of them)."""
-    growth, floor = cfg["screen-max-growth"], cfg["screen-rms-floor"]
+    growth, floor = robust.screen_max_growth, robust.screen_rms_floor
     accepted = accepted or {}
     for name in sorted(new):
         if new[name] is old.get(name):

@@ -70,12 +70,12 @@ class LayerPlanStrategy(Strategy):
         self.clients = sorted(clients, key=lambda c: c.partition_id)
         self.num_layers = num_layers
         self.state = dict(initial_state)
-        self.rng = np.random.default_rng(cfg["seed"])  # the method's own draws (allocation)
+        self.rng = np.random.default_rng(cfg.seed)  # the method's own draws (allocation)
         # draws every method makes alike, on streams of their own: a method's own draws (FedRA's
         # allocation) never shift them, so one seed gives every method the same sampled clients
         # and the same dynamic capacities each round (paired comparisons)
-        self.sampling_rng = np.random.default_rng([cfg["seed"], 1])
-        self.capacity_rng = np.random.default_rng([cfg["seed"], 2])
+        self.sampling_rng = np.random.default_rng([cfg.seed, 1])
+        self.capacity_rng = np.random.default_rng([cfg.seed, 2])
         self.history: list[RoundLog] = []
         # partition id -> the tensors sent this round that it must send back
         self._sent: dict[int, dict[str, np.ndarray]] = {}
@@ -87,8 +87,8 @@ class LayerPlanStrategy(Strategy):
         self.model, self.recipe = None, None  # the server's model(s) and recipe (``attach``)
         self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
         self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
-        self.dp = cfg["dp-noise-multiplier"] > 0
-        self.dp_entropy = dp_noise_entropy(cfg) if self.dp else None  # the DP noise's seed
+        self.dp = cfg.robust.dp_noise_multiplier > 0
+        self.dp_entropy = dp_noise_entropy(cfg.robust) if self.dp else None  # the DP noise's seed
         self.centres: dict[str, np.ndarray] = {}  # centred-clip: last aggregated update per key
 
     # -- what a method decides ------------------------------------------------------------
@@ -108,11 +108,11 @@ class LayerPlanStrategy(Strategy):
         client-level DP; tensors with the same key share one value (``keys``: name -> key).
         Every method aggregates its clients' tensors through this."""
         if self.dp:
-            return dp_combine(self.state, updates, self.cfg, self.dp_entropy,
+            return dp_combine(self.state, updates, self.cfg.robust, self.dp_entropy,
                               self.history[-1].round, keys)
         reference = (self.recipe.root_update(self.model, self.state, self.history[-1].round)
-                     if self.cfg["aggregator"] == "fltrust" else None)
-        return combine(self.state, updates, self.cfg, keys, reference, self.centres)
+                     if self.cfg.robust.aggregator == "fltrust" else None)
+        return combine(self.state, updates, self.cfg.robust, keys, reference, self.centres)
 
     def server_objective(self, updates: list[ClientUpdate],
                          mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -176,7 +176,7 @@ class LayerPlanStrategy(Strategy):
     def round_clients(self, clients: list[ClientInfo]) -> list[ClientInfo]:
         """Dynamic heterogeneity: this round's capacities ~ U[1, L_i] from the seeded capacity
         stream, the same for every method (the plan hooks only see ``capacity``)."""
-        if not self.cfg["dynamic-capacities"]:
+        if not self.cfg.federation.dynamic_capacities:
             return clients
         drawn = draw_round_capacities([c.capacity for c in clients], self.capacity_rng)
         return [replace(c, capacity=k) for c, k in zip(clients, drawn)]
@@ -212,10 +212,10 @@ class LayerPlanStrategy(Strategy):
 
     # -- Flower Strategy API --------------------------------------------------------------
     def sample_clients(self) -> list[ClientInfo]:
-        if self.cfg["client-sampling"] == "per-domain":
+        if self.cfg.federation.client_sampling == "per-domain":
             return self.one_client_per_domain()
         live = self.live_clients()
-        k = self.cfg["clients-per-round"]
+        k = self.cfg.federation.clients_per_round
         if not k or k >= len(live):
             return live
         picked = sorted(self.sampling_rng.choice(len(live), size=k, replace=False))
@@ -233,10 +233,10 @@ class LayerPlanStrategy(Strategy):
     def max_batches(self) -> int:
         """Cap on a client's batches per local epoch (0 = none): the official FedRA code's
         m + 1, m = the smallest client's number of batches (``fedra-repo-batch-cap``)."""
-        if not self.cfg["fedra-repo-batch-cap"]:
+        if not self.cfg.training.fedra_repo_batch_cap:
             return 0
         smallest = min(c.num_examples for c in self.clients)
-        return math.ceil(smallest / self.cfg["batch-size"]) + 1
+        return math.ceil(smallest / self.cfg.training.batch_size) + 1
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
@@ -300,27 +300,27 @@ class LayerPlanStrategy(Strategy):
                 entry.rejected[pid] = "no reply (failed, timed out or dropped)"
                 log.warning("round %d: no reply from client %d (node %d)", server_round, pid,
                             entry.nodes[pid])
-        if self.cfg["screen-updates"]:
+        if self.cfg.robust.screen_updates:
             sent = {str(pid): tensors for pid, tensors in self._sent.items()}
             # under DP only the bound against the global tensor: the peer rule would let one
             # client's data decide another's fate (module docstring of robust)
             judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
                                               if n not in self.unscreened}, u.num_examples)
                       for u in updates]
-            for client, why in screen(judged, sent, self.cfg, peers=not self.dp).items():
+            for client, why in screen(judged, sent, self.cfg.robust, peers=not self.dp).items():
                 entry.rejected[int(client)] = why
                 log.warning("round %d: rejected client %s: %s", server_round, client, why)
             updates = [u for u in updates if int(u.client) not in entry.rejected]
         if updates:
             entry.train_loss = float(np.average([losses[u.client] for u in updates],
                                                 weights=[u.num_examples for u in updates]))
-        if self.cfg["fedra-repo-unweighted"]:  # every mean counts each client once
+        if self.cfg.federation.fedra_repo_unweighted:  # every mean counts each client once
             updates = [replace(u, num_examples=1) for u in updates]
-        if len(updates) >= self.cfg["min-valid-replies"]:
+        if len(updates) >= self.cfg.federation.min_valid_replies:
             new_state = self.aggregate(updates)
             # the jump bound belongs to screening (off with it); a non-finite state never passes
-            problem = state_problem(self.state, new_state, self.cfg,
-                                    check_jump=self.cfg["screen-updates"] and not self.dp,
+            problem = state_problem(self.state, new_state, self.cfg.robust,
+                                    check_jump=self.cfg.robust.screen_updates and not self.dp,
                                     skip_jump=self.unscreened,
                                     accepted=largest_updates(updates, self.state))
             if problem:
@@ -332,11 +332,12 @@ class LayerPlanStrategy(Strategy):
                 self.state = new_state
             if self.dp:
                 entry.method_metrics["dp-epsilon"] = dp_epsilon(
-                    self.cfg, server_round, len(entry.plans) / len(self.clients))
+                    self.cfg.robust, server_round, len(entry.plans) / len(self.clients))
         else:
             entry.state_updated = False
             log.warning("round %d: %d valid replies < min-valid-replies = %d; the global state "
-                        "is unchanged", server_round, len(updates), self.cfg["min-valid-replies"])
+                        "is unchanged", server_round, len(updates),
+                        self.cfg.federation.min_valid_replies)
         metrics = MetricRecord({"train-loss": entry.train_loss, "valid-replies": len(updates),
                                 "rejected-replies": len(entry.rejected),
                                 "ignored-replies": len(entry.ignored),

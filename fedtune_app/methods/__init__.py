@@ -40,9 +40,9 @@ def resolve_config(run_config: dict) -> RunConfig:
                  [m.name for m in METHODS.values() if m.group_strategy])
     if method.check is not None:
         method.check(cfg)
-    if cfg["dp-noise-multiplier"] > 0 and not strategy_class(cfg).private_aggregation:
+    if cfg.robust.dp_noise_multiplier > 0 and not strategy_class(cfg).private_aggregation:
         raise ConfigError(f"run-config key 'dp-noise-multiplier' > 0 with method "
-                          f"{cfg['method']!r}: its server step reads the clients' updates in the "
+                          f"{cfg.method!r}: its server step reads the clients' updates in the "
                           "clear, so client-level DP would protect nothing; methods with DP: "
                           + ", ".join(sorted(m.name for m in METHODS.values() if any(
                               c is not None and c.private_aggregation

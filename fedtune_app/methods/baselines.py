@@ -16,7 +16,7 @@ weak devices could reach; each client then trains its whole model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fedtune_app.config import ConfigError, ConfigPart, config_key, parse_int_list
+from fedtune_app.config import ConfigError, ConfigPart, config_key
 from fedtune_app.federated.allocation import full_plans, smallest_prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -36,7 +36,7 @@ class AllSmall(LayerPlanStrategy):
     @property
     def smallest(self) -> int:
         """``all-small-layers``, else min_i L_i of the static capacities (``self.clients``)."""
-        return self.cfg["all-small-layers"] or min(c.capacity for c in self.clients)
+        return self.cfg.own.all_small_layers or min(c.capacity for c in self.clients)
 
     def plan_round(self, server_round, clients):
         return smallest_prefix_plans([c.capacity for c in clients], self.num_layers,
@@ -65,10 +65,11 @@ class AllSmallConfig(ConfigPart):
 
 register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1)
 def check_all_small(cfg: dict) -> None:
-    layers, capacities = cfg["all-small-layers"], parse_int_list("capacities", cfg["capacities"])
+    layers, capacities = cfg.own.all_small_layers, cfg.federation.capacity_list
     if layers > min(capacities):
         raise ConfigError(f"run-config key 'all-small-layers' = {layers} is deeper than the "
-                          f"smallest client of key 'capacities' ({cfg['capacities']}): AllSmall "
+                          f"smallest client of key 'capacities' ({cfg.federation.capacities}): "
+                          "AllSmall "
                           f"trains a model every client holds; allowed: 0 to {min(capacities)}")
 
 

@@ -66,7 +66,7 @@ log = logging.getLogger("fedtune")
 
 
 def exit_every(cfg: dict, num_layers: int) -> int:
-    return cfg["depthfl-exit-every"] or max(1, num_layers // 4)
+    return cfg.own.depthfl_exit_every or max(1, num_layers // 4)
 
 
 def exit_depths(num_layers: int, k: int) -> tuple[int, ...]:
@@ -75,7 +75,7 @@ def exit_depths(num_layers: int, k: int) -> tuple[int, ...]:
 
 
 def head_at_own_depth(cfg: dict) -> bool:
-    return cfg["depthfl-client-depth"] == "capacity"
+    return cfg.own.depthfl_client_depth == "capacity"
 
 
 def client_depth(capacity: int, depths, own_depth: bool = False) -> int:
@@ -158,7 +158,7 @@ class DepthFLRecipe(ClientRecipe):
     """Exits on the model, the self-distillation loss, ensemble inference."""
 
     def cache_key(self):
-        return (self.cfg["depthfl-exit-every"],)
+        return (self.cfg.own.depthfl_exit_every,)
 
     @property
     def own_depth(self) -> bool:
@@ -180,7 +180,7 @@ class DepthFLRecipe(ClientRecipe):
 
     def loss(self, model, plan, inputs, labels):
         weight = consistency_weight(int(self.round_config["server-round"]),
-                                    self.cfg["depthfl-consistency-ramp"])
+                                    self.cfg.own.depthfl_consistency_ramp)
         return self_distillation_loss(
             exit_outputs(model, inputs, plan, self.depths(model), self.own_depth), labels, weight)
 
@@ -189,7 +189,7 @@ class DepthFLRecipe(ClientRecipe):
         logits = exit_outputs(model, inputs, plan, depths, self.own_depth)
         held = exits_run(len(plan), depths, model.num_blocks, self.own_depth)
         scores = {"ensemble": ensemble_log_probs(logits), "last-exit": logits[-1]}
-        return {"": scores[self.cfg["depthfl-headline"]]} | scores | \
+        return {"": scores[self.cfg.own.depthfl_headline]} | scores | \
             {f"exit-{d}": z for d, z in zip(held, logits)}
 
 

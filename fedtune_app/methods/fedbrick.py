@@ -111,7 +111,7 @@ class Brick(nn.Module):
 def brick_domains(cfg: dict) -> list[str]:
     """One BRICK group per domain when clients are split by domain, else one for all."""
     domains = domain_list(cfg.data)
-    if not domains or not cfg["partitioner"].startswith("domain"):
+    if not domains or not cfg.data.partitioner.startswith("domain"):
         return [ALL]
     return list(domains)
 
@@ -206,10 +206,10 @@ class FedBRICKRecipe(ClientRecipe):
     """BRICKs on the model; the two-stage local training (Eq. 21-24)."""
 
     def cache_key(self):
-        return (self.cfg["fedbrick-rank"], tuple(brick_domains(self.cfg)))
+        return (self.cfg.own.fedbrick_rank, tuple(brick_domains(self.cfg)))
 
     def extend(self, model):
-        d, r = model.head.in_features, self.cfg["fedbrick-rank"]  # block width = head input
+        d, r = model.head.in_features, self.cfg.own.fedbrick_rank  # block width = head input
         model.bricks = nn.ModuleDict({c: nn.ModuleDict({str(l): Brick(d, r)
                                                         for l in range(model.num_blocks)})
                                       for c in brick_domains(self.cfg)})
@@ -238,8 +238,8 @@ class FedBRICKRecipe(ClientRecipe):
         missing = brick_names(self._params, self.domain,
                               set(range(model.num_blocks)) - set(plan))
         return (nn.functional.cross_entropy(logits.float(), labels)
-                + self.cfg["fedbrick-lambda-w"] * self._tether(blocks)
-                + self.cfg["fedbrick-lambda-theta"] * self._tether(missing))
+                + self.cfg.own.fedbrick_lambda_w * self._tether(blocks)
+                + self.cfg.own.fedbrick_lambda_theta * self._tether(missing))
 
     def stage2_loss(self, model, plan, inputs, labels, alpha: float):
         """Stage II (Eq. 23-24)."""
@@ -247,7 +247,7 @@ class FedBRICKRecipe(ClientRecipe):
                                             alpha)
         distill = sum(nn.functional.mse_loss(e.float(), f.float()) for e, f in pairs)
         return nn.functional.cross_entropy(logits.float(), labels) \
-            + self.cfg["fedbrick-lambda-d"] / len(plan) * distill
+            + self.cfg.own.fedbrick_lambda_d / len(plan) * distill
 
     def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round):
         """Stage I on ``loss_fn`` (this recipe's ``loss`` plus any FedProx/FedDyn term), then
@@ -257,8 +257,8 @@ class FedBRICKRecipe(ClientRecipe):
         stage2 = [params[n] for n in sorted(retained)]
         loss = train_local(model, stage1, examples, self.cfg, seed=seed, device=device,
                            loss_fn=loss_fn)
-        cfg2 = self.cfg | {"local-epochs": self.cfg["fedbrick-stage2-epochs"]}
-        steps = self.cfg["fedbrick-stage2-steps"]  # "only a few local steps": a per-epoch cap
+        cfg2 = self.cfg | {"local-epochs": self.cfg.own.fedbrick_stage2_epochs}
+        steps = self.cfg.own.fedbrick_stage2_steps  # "only a few local steps": a per-epoch cap
         if steps:
             examples = replace(examples, max_batches=min(steps, examples.max_batches or steps))
         total = cfg2["local-epochs"] * examples.num_batches(cfg2["batch-size"])
@@ -282,7 +282,7 @@ class FedBRICK(FedRA):
         if not any(n.startswith("bricks.") for n in self.state):
             raise ConfigError("FedBRICK: the model has no BRICKs (method 'fedbrick' needs its "
                               "client recipe's extended model)")
-        self.state |= initial_bricks(self.state, cfg["seed"])
+        self.state |= initial_bricks(self.state, cfg.seed)
         self._proxy = None
 
     def admit(self, client):
@@ -355,8 +355,8 @@ class FedBRICK(FedRA):
 
     def server_distill(self, state: dict[str, np.ndarray], round_: int) -> dict:
         """Eq. 20 in place on ``state``'s BRICKs; domain -> [first, last] epoch's MSE."""
-        epochs = self.cfg["fedbrick-server-epochs"]
-        if not epochs or self.cfg["proxy-fraction"] <= 0:
+        epochs = self.cfg.own.fedbrick_server_epochs
+        if not epochs or self.cfg.data.proxy_fraction <= 0:
             return {}
         if self.model is None:
             raise RuntimeError("FedBRICK: the server model is not set (run_federation sets it)")
@@ -366,10 +366,11 @@ class FedBRICK(FedRA):
         out = {}
         for i, (domain, data) in enumerate(self.proxy_sets().items()):
             bricks = model.bricks[domain]
-            seed = self.cfg["seed"] * 1_000_003 + round_ * 1009 + 500 + i
-            first, last = distill_bricks(model, bricks, data, epochs,
-                                         self.cfg["fedbrick-server-lr"], self.cfg["batch-size"],
-                                         seed, device, self.cfg["fedbrick-server-optimizer"])
+            seed = self.cfg.seed * 1_000_003 + round_ * 1009 + 500 + i
+            own = self.cfg.own
+            first, last = distill_bricks(model, bricks, data, epochs, own.fedbrick_server_lr,
+                                         self.cfg.training.batch_size, seed, device,
+                                         own.fedbrick_server_optimizer)
             out[domain] = [first, last]
             for name, p in bricks.named_parameters():
                 state[f"bricks.{domain}.{name}"] = p.detach().cpu().numpy().astype(np.float32)

@@ -51,32 +51,32 @@ class FedDF(GroupStrategy):
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
         self.public, self.validation = split_validation(public_set(cfg),
-                                                        cfg["feddf-val-fraction"])
-        self.device = pick_device(cfg["device"])
+                                                        cfg.own.feddf_val_fraction)
+        self.device = pick_device(cfg.training.device)
 
     def fuse(self, model, plan, params, teacher, seed: int) -> None:
         """Step 4 for one group: distil ``teacher`` into ``params``."""
-        temperature = self.cfg["distill-temperature"]
+        temperature = self.cfg.own.distill_temperature
 
         def loss(z, t):
             return kd_loss(z, t, temperature)
 
-        if self.cfg["feddf-distillation"] == "epochs":
+        if self.cfg.own.feddf_distillation == "epochs":
             distill(model, plan, params, self.public, teacher, loss, self.cfg, seed=seed,
                     device=self.device)
             return
 
         def validate():
-            scores = scores_on(model, plan, self.validation, self.cfg["eval-batch-size"],
+            scores = scores_on(model, plan, self.validation, self.cfg.federation.eval_batch_size,
                                self.device)
             return float((scores.argmax(-1) == self.validation.labels.numpy()).mean())
 
         steps = distill_steps(model, plan, params, self.public, teacher, loss,
-                              self.cfg["feddf-steps"], self.cfg["feddf-lr"],
-                              self.cfg["batch-size"], seed, self.device,
+                              self.cfg.own.feddf_steps, self.cfg.own.feddf_lr,
+                              self.cfg.training.batch_size, seed, self.device,
                               validate=validate if self.validation is not None else None,
-                              eval_every=self.cfg["feddf-eval-every"],
-                              patience=self.cfg["feddf-patience"])
+                              eval_every=self.cfg.own.feddf_eval_every,
+                              patience=self.cfg.own.feddf_patience)
         self.history[-1].method_metrics.setdefault("feddf-steps", []).append(steps)
 
     def group_model(self, g: int):
@@ -89,7 +89,7 @@ class FedDF(GroupStrategy):
         for u in sorted(updates, key=lambda u: u.client):  # step 3: every client model
             model, recipe, plan = self.group_model(group_of[u.client])
             recipe.load(model, mean | u.tensors)
-            logits.append(scores_on(model, plan, self.public, self.cfg["eval-batch-size"],
+            logits.append(scores_on(model, plan, self.public, self.cfg.federation.eval_batch_size,
                                     self.device))
         teacher = np.mean(logits, axis=0)
         new = dict(mean)
@@ -98,7 +98,7 @@ class FedDF(GroupStrategy):
             recipe.load(model, mean)
             params = recipe.trainables(model, plan)
             self.fuse(model, plan, list(params.values()), teacher,
-                      seed=self.cfg["seed"] * 7919 + len(self.history) * 31 + g)
+                      seed=self.cfg.seed * 7919 + len(self.history) * 31 + g)
             new |= {n: p.detach().cpu().numpy().astype(mean[n].dtype) for n, p in params.items()}
         return new
 

@@ -61,7 +61,8 @@ class FedMDRecipe(ClientRecipe):
                     self.cfg, seed=seed + 1, device=device)
         loss = train_local(model.subnetwork(plan), trainable, examples, self.cfg, seed=seed,
                            device=device, loss_fn=loss_fn)  # revisit
-        self._scores = scores_on(model, plan, self._public, self.cfg["eval-batch-size"], device)
+        self._scores = scores_on(model, plan, self._public,
+                                 self.cfg.federation.eval_batch_size, device)
         return loss
 
     def reply(self) -> dict[str, np.ndarray]:

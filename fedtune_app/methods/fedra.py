@@ -30,9 +30,10 @@ class FedRA(LayerPlanStrategy):
 
     def plan_round(self, server_round, clients):
         capacities = [c.capacity for c in clients]
-        if self.cfg["min-holders"] > 1:  # robustness: k holders per block (federated.robust)
-            return k_cover_plans(capacities, self.num_layers, self.rng, self.cfg["min-holders"])
-        draw = covering_plans if self.cfg["missing-layer-policy"] == "cover-all" else random_plans
+        fed = self.cfg.federation
+        if fed.min_holders > 1:  # robustness: k holders per block (federated.robust)
+            return k_cover_plans(capacities, self.num_layers, self.rng, fed.min_holders)
+        draw = covering_plans if fed.missing_layer_policy == "cover-all" else random_plans
         return draw(capacities, self.num_layers, self.rng)
 
 

@@ -117,7 +117,7 @@ class FlexiFed(GroupStrategy):
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
-        self.keys = common_keys(self.state, cfg["flexifed-strategy"])
+        self.keys = common_keys(self.state, cfg.own.flexifed_strategy)
 
     def aggregate(self, updates):
         return self.server_objective(updates, self.combine(updates, self.keys))

@@ -68,7 +68,7 @@ SHARE = "share.adapter."
 
 
 def share_positions(cfg: dict) -> int:
-    return cfg["heterotune-share-positions"] or min(group_depths(cfg))
+    return cfg.own.heterotune_share_positions or min(group_depths(cfg))
 
 
 def position(block: int, depth: int, positions: int) -> int:
@@ -145,8 +145,8 @@ def fused_inference(model: nn.Module):
 def attach_fedadapters(model, cfg: dict, group: int):
     """FedAdapters on every block's ``adapter-modules`` (in place); trainable: the local
     adapters, branch weights, head and share branch ``group``."""
-    m, r, positions = num_groups(cfg.model), cfg["lora-r"], share_positions(cfg)
-    modules = resolve_modules(model, cfg["adapter-modules"])
+    m, r, positions = num_groups(cfg.model), cfg.adapter.lora_r, share_positions(cfg)
+    modules = resolve_modules(model, cfg.adapter.adapter_modules)
     model.share = ShareBank(positions, m, r)
     for j, block in enumerate(model.blocks):
         for name in modules:
@@ -165,13 +165,13 @@ def attach_fedadapters(model, cfg: dict, group: int):
 
 def is_fixed_branch(name: str, cfg: dict) -> bool:
     """A branch weight a_i under Table 4's "w/o LW" ablation: fixed at 1/M."""
-    return name.endswith(".adapter.branch") and not cfg["heterotune-learnable-weights"]
+    return name.endswith(".adapter.branch") and not cfg.own.heterotune_learnable_weights
 
 
 class HeteroTuneRecipe(ClientRecipe):
     def cache_key(self):
         return (num_groups(self.cfg.model), share_positions(self.cfg),
-                self.cfg["heterotune-learnable-weights"])
+                self.cfg.own.heterotune_learnable_weights)
 
     def wire(self, name):
         return name if name.startswith(SHARE) else super().wire(name)
@@ -209,7 +209,7 @@ class HeteroTuneRecipe(ClientRecipe):
 
     def loss(self, model, plan, inputs, labels):
         loss = nn.functional.cross_entropy(model(inputs, plan), labels)
-        lam = self.cfg["heterotune-reg"]
+        lam = self.cfg.own.heterotune_reg
         if lam:
             loss = loss + lam / 2 * sum((p - p0).pow(2).sum() for p, p0 in self._shares.values())
         return loss

@@ -102,7 +102,7 @@ class InclusiveFL(LayerPlanStrategy):
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
-        self.beta = cfg["inclusivefl-beta"]
+        self.beta = cfg.own.inclusivefl_beta
         self.depths = sorted({min(c.capacity, num_layers) for c in self.clients})
         self.momentum: dict[int, dict[str, np.ndarray]] = {}  # group depth -> last update M_g
 
@@ -113,14 +113,14 @@ class InclusiveFL(LayerPlanStrategy):
         return prefix_plans([c.capacity for c in clients], self.num_layers)
 
     def aggregate(self, updates):
-        if self.cfg["inclusivefl-aggregation"] == "mean":  # the official FedRA code's
+        if self.cfg.own.inclusivefl_aggregation == "mean":  # the official FedRA code's
             return self.server_objective(updates, self.combine(updates))
         plans = self.history[-1].plans
         depth_of = {u.client: len(plans[int(u.client)]) for u in updates}
-        robust = self.combine if self.cfg["aggregator"] != "mean" else None
+        robust = self.combine if self.cfg.robust.aggregator != "mean" else None
         deltas, counts = group_updates(self.state, updates, depth_of, robust)
-        depths = sorted({len(p) for p in plans.values()}) if self.cfg["dynamic-capacities"] \
-            else self.depths
+        dynamic = self.cfg.federation.dynamic_capacities
+        depths = sorted({len(p) for p in plans.values()}) if dynamic else self.depths
         distill(deltas, self.momentum, depths, self.beta)
         self.momentum.update(deltas)
         sums, weights = {}, {}

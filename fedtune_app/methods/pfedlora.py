@@ -106,9 +106,9 @@ class PFedLoRARecipe(ClientRecipe):
 
     def build(self, spec, backbone=build_backbone):
         model = backbone(spec)
-        modules = resolve_modules(model, self.cfg["adapter-modules"])
-        attach_core_lora(model, modules, self.cfg["lora-r"], self.cfg["lora-alpha"],
-                         self.cfg["lora-dropout"])
+        modules = resolve_modules(model, self.cfg.adapter.adapter_modules)
+        attach_core_lora(model, modules, self.cfg.adapter.lora_r, self.cfg.adapter.lora_alpha,
+                         self.cfg.adapter.lora_dropout)
         model.requires_grad_(False)
         for name, param in model.named_parameters():
             param.requires_grad_(is_trainable_name(name))
@@ -123,7 +123,7 @@ class PFedLoRARecipe(ClientRecipe):
         local = {n: p for n, p in params.items() if f".{CORE}." not in n}
         cores = {n: p for n, p in params.items() if f".{CORE}." in n}
         loss = 0.0
-        epochs = [self.cfg[key] or self.cfg["local-epochs"]
+        epochs = [self.cfg[key] or self.cfg.training.local_epochs
                   for key in ("pfedlora-model-epochs", "pfedlora-adapter-epochs")]
         for phase, (train, frozen) in enumerate(((local, cores), (cores, local))):
             for p in frozen.values():

@@ -66,8 +66,8 @@ def register_method(name: str, *, strategy: type | None = None,
 
 
 def method_of(cfg: dict) -> Method:
-    if cfg["method"] not in METHODS:
-        raise ConfigError(f"run-config key 'method' = {cfg['method']!r} is not allowed;"
-                          f"{did_you_mean(cfg['method'], METHODS)} "
+    if cfg.method not in METHODS:
+        raise ConfigError(f"run-config key 'method' = {cfg.method!r} is not allowed;"
+                          f"{did_you_mean(cfg.method, METHODS)} "
                           f"allowed: {', '.join(sorted(METHODS))}")
-    return METHODS[cfg["method"]]
+    return METHODS[cfg.method]

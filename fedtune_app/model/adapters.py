@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fedtune_app.model.backbones import LayeredModel
-from fedtune_app.config import ConfigError
+from fedtune_app.config import AdapterConfig, ConfigError
 
 # Per backbone family: the last fully connected layer of each of a block's two sublayers (l^0:
 # attention or token mixing, l^1: MLP). FedRA puts LoRA on both (v1 Sec. 3.2; its code targets
@@ -47,9 +47,9 @@ class AdapterSpec:
     dropout: float = 0.1
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "AdapterSpec":
-        return cls(cfg["adapter"], cfg["adapter-modules"], cfg["lora-r"], cfg["lora-alpha"],
-                   cfg["lora-dropout"])
+    def from_config(cls, adapter: AdapterConfig) -> "AdapterSpec":
+        return cls(adapter.adapter, adapter.adapter_modules, adapter.lora_r, adapter.lora_alpha,
+                   adapter.lora_dropout)
 
 
 class BottleneckAdapter(nn.Module):

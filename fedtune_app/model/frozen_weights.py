@@ -40,8 +40,8 @@ def cache_dir(cfg: dict, node_config: dict | None = None) -> Path:
     node_dir = (node_config or {}).get("data-dir")
     if node_dir:
         return Path(str(node_dir)) / "checkpoints"
-    if cfg["checkpoint-dir"]:
-        return Path(cfg["checkpoint-dir"])
+    if cfg.model.checkpoint_dir:
+        return Path(cfg.model.checkpoint_dir)
     return Path.home() / ".cache" / "fedtune" / "checkpoints"
 
 
@@ -105,7 +105,7 @@ def _verified(blob: Path, expected: str) -> bool:
 
 def ensure_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[Path, int]:
     """(local path of the verified checkpoint, bytes fetched now: 0 when it was cached)."""
-    url, expected = cfg["checkpoint-url"], cfg["checkpoint-sha256"].lower()
+    url, expected = cfg.model.checkpoint_url, cfg.model.checkpoint_sha256.lower()
     if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
         raise ConfigError("run-config key 'checkpoint-sha256' must be the 64 hex digits of the "
                           f"checkpoint's SHA-256 (e.g. from `sha256sum FILE`), got {expected!r}")
@@ -134,7 +134,7 @@ def ensure_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[Path,
 def with_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[dict, int]:
     """The run config with ``model-source`` pointing at the local verified checkpoint (when
     ``checkpoint-url`` is set), and the bytes fetched for it now."""
-    if not cfg["checkpoint-url"]:
+    if not cfg.model.checkpoint_url:
         return cfg, 0
     path, fetched = ensure_checkpoint(cfg, node_config)
     return {**cfg, "model-source": str(path)}, fetched

@@ -549,12 +549,12 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
         raise FileNotFoundError(f"{state_file}: the run has not finished (no final state)")
     cfg = resolve_config({k: v for k, v in run.config.items() if k != "preset"})
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
-                            AdapterSpec.from_config(cfg))
+                            AdapterSpec.from_config(cfg.adapter))
     state = load_file(str(state_file))
     load_state(model, state)
     clients = [ClientInfo(**(c | {"label_counts": tuple(c["label_counts"])}))
                for c in run.clients]
-    plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, state).eval_plan()
+    plan = METHODS[cfg.method].strategy(cfg, clients, model.num_blocks, state).eval_plan()
     splits = run_splits(cfg)
     test = splits.test
     if num_examples < len(test):
@@ -562,7 +562,7 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
         test = test.subset(keep)
     feats = []
     with torch.inference_mode():
-        for inputs, _ in test.batches(cfg["eval-batch-size"]):
+        for inputs, _ in test.batches(cfg.federation.eval_batch_size):
             feats.append(model.features(to_device(inputs, torch.device("cpu")), plan))
     return torch.cat(feats).numpy(), test.labels.numpy(), splits.class_names
 

@@ -48,7 +48,7 @@ from safetensors.numpy import load_file
 from fedtune_app.apps.evaluation import build_global
 from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
 from fedtune_app.apps.server import run_federation
-from fedtune_app.config import setup_logging
+from fedtune_app.config import RobustConfig, setup_logging
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
@@ -112,11 +112,11 @@ def craft_tensor(attack: str, own: np.ndarray, honest: list[np.ndarray], holders
 
 
 def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[ClientUpdate],
-                     sent: dict[str, dict[str, np.ndarray]], cfg: dict) -> dict:
+                     sent: dict[str, dict[str, np.ndarray]], robust: RobustConfig) -> dict:
     """Shrink, x 0.8 at a time, each attacker's tensors that screening would reject, until no
     attacker is rejected (the attacker knows the bounds and the other updates). ``crafted``:
     attacker -> name -> update; returns the same with the accepted updates."""
-    if not cfg["screen-updates"]:
+    if not robust.screen_updates:
         return crafted
     crafted = {a: dict(t) for a, t in crafted.items()}
     honest = {}  # name -> the honest holders' update norms
@@ -130,11 +130,11 @@ def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[Cli
                 norms.setdefault(n, []).append(norm(d))
         bad = [(a, n) for a, t in crafted.items() for n, d in t.items()
                if screen_verdict(rms(d), rms(sent[a][n]), norm(d), float(np.median(norms[n])),
-                                 len(norms[n]), cfg)]
+                                 len(norms[n]), robust)]
         if not bad:
             ups = others + [ClientUpdate(a, {n: sent[a][n] + d for n, d in t.items()}, 1)
                             for a, t in crafted.items()]
-            assert not set(screen(ups, sent, cfg)) & set(crafted)
+            assert not set(screen(ups, sent, robust)) & set(crafted)
             return crafted
         for a, n in bad:
             crafted[a][n] = crafted[a][n] * 0.8
@@ -142,7 +142,7 @@ def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[Cli
 
 
 def craft_round(attack: str, attackers: list[str], updates: dict[str, dict[str, np.ndarray]],
-                sent: dict[str, dict[str, np.ndarray]], cfg: dict, z: float = 1.5,
+                sent: dict[str, dict[str, np.ndarray]], robust: RobustConfig, z: float = 1.5,
                 epsilon: float = 2.0) -> dict[str, dict[str, np.ndarray]]:
     """Attacker -> its malicious update (name -> Delta) for one round; ``updates``: every
     client's honest update this round (client -> name -> Delta), ``sent``: what each got."""
@@ -159,7 +159,7 @@ def craft_round(attack: str, attackers: list[str], updates: dict[str, dict[str, 
                       for n, own in updates[a].items()}
     others = [ClientUpdate(c, {n: sent[c][n] + d for n, d in t.items()}, 1)
               for c, t in updates.items() if c not in attackers]
-    return inside_screening(crafted, others, sent, cfg)
+    return inside_screening(crafted, others, sent, robust)
 
 
 def renamed(reply: Message, old: Message) -> Message:
@@ -202,7 +202,7 @@ class AttackGrid(InProcessGrid):
         attackers = [str(a) for a in self.attackers if str(a) in updates]
         if not attackers:
             return ids
-        crafted = craft_round(self.attack, attackers, updates, sent, self.cfg, self.z,
+        crafted = craft_round(self.attack, attackers, updates, sent, self.cfg.robust, self.z,
                               self.epsilon)
         self.crafted.append(crafted)
         for a, tensors in crafted.items():
@@ -279,7 +279,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     cfg = resolve_config(base)
     model, recipe = build_global(cfg)
-    initial = recipe.initial_state(model, cfg["seed"])  # what the server starts from
+    initial = recipe.initial_state(model, cfg.seed)  # what the server starts from
     results: dict = {}
     for d in args.defences.split(","):
         keys = base | DEFENCES[d][1]

@@ -284,8 +284,8 @@ def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: dic
     # AutoPeftModelForSequenceClassification loads the base through transformers' Auto class
     # (which honours the base folder's auto_map) and not a fixed library class
     task = "SEQ_CLS" if backbone.family.startswith("hf") else None
-    config = LoraConfig(r=cfg["lora-r"], lora_alpha=cfg["lora-alpha"], task_type=task,
-                        lora_dropout=cfg["lora-dropout"],
+    config = LoraConfig(r=cfg.adapter.lora_r, lora_alpha=cfg.adapter.lora_alpha, task_type=task,
+                        lora_dropout=cfg.adapter.lora_dropout,
                         target_modules="^(?:" + "|".join(map(re.escape, targets)) + ")$",
                         modules_to_save=[head])
     model = get_peft_model(library, config, adapter_name=PEFT_ADAPTER)
@@ -330,13 +330,14 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
     predicting = sorted(n for n in extras if any(k in n for k in _PREDICTING_EXTRAS))
     if predicting and not extras_ok:
         raise ConfigError(
-            f"no library loader computes this model: method {cfg['method']!r}, adapter "
-            f"{cfg['adapter']!r} trained tensors that peft / transformers / timm have no module "
+            f"no library loader computes this model: method {cfg.method!r}, adapter "
+            f"{cfg.adapter.adapter!r} trained tensors that peft / transformers / timm have no "
+            "module "
             f"for ({predicting[0]}, ... {len(predicting)} in all; see fedtune_extras.json's "
             "formulas). Pass --extras to write them anyway as fedtune-only files "
             "(fedtune_extras.safetensors + fedtune_extras.json)")
     if merge and not has_lora:
-        raise ConfigError(f"--merge: run-config key 'adapter' = {cfg['adapter']!r}: only "
+        raise ConfigError(f"--merge: run-config key 'adapter' = {cfg.adapter.adapter!r}: only "
                           "LoRA adapters merge into the base weights (a bottleneck adapter "
                           "is non-linear); export without --merge")
     if pooling == "first-token":
@@ -374,7 +375,7 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
         if is_text_model(spec):
             if pooling == "mean":
                 save_mean_pooled(merged, target)
-                save_sentence_transformers_modules(merged, target, cfg["max-length"])
+                save_sentence_transformers_modules(merged, target, cfg.data.max_length)
             else:
                 merged.save_pretrained(str(target))
             tokenizer_for(spec).save_pretrained(str(target))
@@ -437,14 +438,15 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
     accuracy = f"{100 * last['accuracy']:.2f}% (round {last['round']})" if last else "not evaluated"
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.items())
                          if k != "results-dir")
-    lines = [f"# fedtune export: {cfg['method']} on {cfg['dataset']}", "",
-             f"- method: `{cfg['method']}`, adapter `{cfg['adapter']}` on "
-             f"`{cfg['adapter-modules']}` (r={cfg['lora-r']}, alpha={cfg['lora-alpha']})",
-             f"- data: `{cfg['dataset']}`, partitioner `{cfg['partitioner']}`, capacities "
-             f"`{cfg['capacities']}`, seed {cfg['seed']}",
+    lines = [f"# fedtune export: {cfg.method} on {cfg.data.dataset}", "",
+             f"- method: `{cfg.method}`, adapter `{cfg.adapter.adapter}` on "
+             f"`{cfg.adapter.adapter_modules}` (r={cfg.adapter.lora_r}, "
+             f"alpha={cfg.adapter.lora_alpha})",
+             f"- data: `{cfg.data.dataset}`, partitioner `{cfg.data.partitioner}`, capacities "
+             f"`{cfg.federation.capacities}`, seed {cfg.seed}",
              "- classes (label id: name): " + ", ".join(f"{i}: {n}"
                                                         for i, n in enumerate(class_names)),
-             f"- rounds: {cfg['num-server-rounds']}; global test accuracy {accuracy}",
+             f"- rounds: {cfg.federation.num_server_rounds}; global test accuracy {accuracy}",
              f"- from: `{folder}`",
              f"- made by: `fedtune export {shlex.quote(str(folder))}"
              f"{' --merge' if merge else ''}`", ""]
@@ -453,7 +455,7 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
         lines += [f"## {where}: {info['model']} ({info['source']})", "",
                   f"- base model: `{info['base']}`; pooling `{info['pooling']}`",
                   f"- files: {', '.join(info['files'])}", "", "Load:", "", "```python",
-                  *loaders(info, where, cfg["max-length"]), "```", ""]
+                  *loaders(info, where, cfg.data.max_length), "```", ""]
     lines += ["Run config:", "", "```", overrides, "```", ""]
     return "\n".join(lines)
 

@@ -80,7 +80,7 @@ def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: 
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
     # SGD whatever the run's local optimizer: distill-lr is an SGD rate (FedMD's digest)
-    run = cfg | {"local-epochs": cfg["distill-epochs"], "lr": cfg["distill-lr"],
+    run = cfg | {"local-epochs": cfg.own.distill_epochs, "lr": cfg.own.distill_lr,
                  "optimizer": "sgd"}
     return train_local(model, params, indexed(public), run, seed=seed, device=device,
                        loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))

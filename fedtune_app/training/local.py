@@ -51,10 +51,11 @@ def round_lr(cfg: dict, server_round: int) -> float:
     constant lr, or cosine lr (1 + cos(pi (t - W - 1) / (T - W))) / 2 (lr in round W + 1,
     approaching 0 after round T). The schedule runs over rounds, not local steps: every client
     of a round trains at the same rate, whatever its data size."""
-    lr, warmup, total = cfg["lr"], cfg["lr-warmup-rounds"], cfg["num-server-rounds"]
+    lr, warmup = cfg.training.lr, cfg.training.lr_warmup_rounds
+    total = cfg.federation.num_server_rounds
     if server_round <= warmup:
         return lr * server_round / warmup
-    if cfg["lr-schedule"] == "cosine":
+    if cfg.training.lr_schedule == "cosine":
         return lr * (1 + math.cos(math.pi * (server_round - warmup - 1) / (total - warmup))) / 2
     return lr
 
@@ -62,12 +63,12 @@ def round_lr(cfg: dict, server_round: int) -> float:
 def make_optimizer(params: list[nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
     """``optimizer`` over ``params`` at ``lr``: SGD (momentum, L2 weight decay) or AdamW
     (betas, eps, decoupled weight decay)."""
-    if cfg["optimizer"] == "adamw":
-        return torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["adam-beta1"],
-                                 cfg["adam-beta2"]), eps=cfg["adam-eps"],
-                                 weight_decay=cfg["weight-decay"])
-    return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
-                           weight_decay=cfg["weight-decay"])
+    if cfg.training.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.training.lr, betas=(cfg.training.adam_beta1,
+                                 cfg.training.adam_beta2), eps=cfg.training.adam_eps,
+                                 weight_decay=cfg.training.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.training.lr, momentum=cfg.training.momentum,
+                           weight_decay=cfg.training.weight_decay)
 
 
 def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
@@ -89,15 +90,15 @@ def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
         # the running loss stays on the device: a .item() per step would make the CPU wait
         # for the GPU every step instead of queueing the next batch
         total, count = torch.zeros((), device=device), 0
-        for _ in range(cfg["local-epochs"]):
-            for inputs, labels in data.batches(cfg["batch-size"], generator=gen):
+        for _ in range(cfg.training.local_epochs):
+            for inputs, labels in data.batches(cfg.training.batch_size, generator=gen):
                 inputs, labels = to_device(inputs, device), labels.to(device)
-                with autocast(cfg["precision"], device):
+                with autocast(cfg.training.precision, device):
                     loss = loss_fn(inputs, labels).float()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if cfg["grad-clip"] > 0:
-                    torch.nn.utils.clip_grad_norm_(params, cfg["grad-clip"])
+                if cfg.training.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
                 optimizer.step()
                 total += loss.detach() * len(labels)
                 count += len(labels)

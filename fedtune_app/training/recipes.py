@@ -35,7 +35,8 @@ class ClientRecipe:
     def build(self, spec: ModelSpec, backbone=build_backbone) -> LayeredModel:
         """The node's model: backbone, adapters, the method's extra modules. ``backbone``
         builds the frozen backbone (a client's: one that holds only its plan's blocks)."""
-        return self.extend(attach_adapters(backbone(spec), AdapterSpec.from_config(self.cfg)))
+        adapters = AdapterSpec.from_config(self.cfg.adapter)
+        return self.extend(attach_adapters(backbone(spec), adapters))
 
     def initial_state(self, model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
         return {self.wire(n): v for n, v in initial_state(model, seed).items()}
@@ -92,7 +93,7 @@ class ClientRecipe:
         self.load(model, state)
         params = self.trainables(model, plan)
         device = next(model.parameters()).device
-        seed = self.cfg["seed"] * 1_000_003 + server_round * 1009 - 1
+        seed = self.cfg.seed * 1_000_003 + server_round * 1009 - 1
         self.fit(model, plan, params, root, seed, device,
                  lambda inputs, labels: self.loss(model, plan, inputs, labels), server_round)
         return {n: p.detach().cpu().numpy().astype(np.float64) - state[n]
