@@ -388,6 +388,7 @@ class RunConfig(ConfigPart, Mapping):
     # what the method says of this run (``methods.resolve_config`` asks it)
     held_out: HeldOut = HeldOut()
     fixed_group: int | None = None  # over model groups, the group of every client
+    objective: tuple[str, float] = ("plain", 0.0)  # the local objective: (kind, coefficient)
 
     @classmethod
     def build(cls, flat: Mapping[str, Any]) -> "RunConfig":
@@ -638,10 +639,6 @@ def check_robust(config: dict) -> None:
         if config["model-groups"]:
             raise ConfigError("run-config key 'aggregator' = 'fltrust' with key 'model-groups': "
                               "the server's root-set update is computed for one model only")
-    if config["min-holders"] > 1 and config["method"] != "fedra":
-        raise ConfigError(f"run-config key 'min-holders' = {config['min-holders']} with method "
-                          f"{config['method']!r}: only FedRA's random allocation is drawn to "
-                          "cover every block k times")
 
 
 register_check(check_quorum)

@@ -14,7 +14,7 @@ from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.methods.baselines import AllLarge
 from fedtune_app.methods.inclusivefl import InclusiveFL
-from fedtune_app.federated.objectives import LocalObjective, objective_of
+from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.strategy import ClientInfo, RoundLog
 
 from floats import float32_atol
@@ -140,23 +140,23 @@ def test_inclusivefl_ends_with_the_feddyn_step():
 
 
 def test_depthfl_keys_and_contradiction():
-    assert objective_of(cfg(method="depthfl")) == ("plain", 0)  # FedAvg, as FedRA ran it
+    assert cfg(method="depthfl").objective == ("plain", 0)  # FedAvg, as FedRA ran it
     feddyn = {"depthfl-optimizer": "feddyn"}  # DepthFL's own paper
-    assert objective_of(cfg(method="depthfl", **feddyn)) == ("feddyn", 0.1)
-    assert objective_of(cfg(method="depthfl", **feddyn, **{"depthfl-feddyn-alpha": 0.3})) == \
+    assert cfg(method="depthfl", **feddyn).objective == ("feddyn", 0.1)
+    assert cfg(method="depthfl", **feddyn, **{"depthfl-feddyn-alpha": 0.3}).objective == \
         ("feddyn", 0.3)
-    assert objective_of(cfg(method="depthfl", **{"depthfl-optimizer": "fedavg"})) == ("plain", 0)
-    assert objective_of(cfg(method="depthfl", **{"depthfl-optimizer": "fedavg",
+    assert cfg(method="depthfl", **{"depthfl-optimizer": "fedavg"}).objective == ("plain", 0)
+    assert cfg(method="depthfl", **{"depthfl-optimizer": "fedavg",
                                                  "local-objective": "fedprox",
-                                                 "fedprox-mu": 0.2})) == ("fedprox", 0.2)
+                                                 "fedprox-mu": 0.2}).objective == ("fedprox", 0.2)
     with pytest.raises(ConfigError, match="'depthfl-optimizer' = 'feddyn' and 'local-objective'"):
-        objective_of(cfg(method="depthfl", **feddyn, **{"local-objective": "fedprox"}))
+        cfg(method="depthfl", **feddyn, **{"local-objective": "fedprox"})
     with pytest.raises(ConfigError, match="allowed: plain, fedprox, feddyn"):
         cfg(**{"local-objective": "scaffold"})
     heterotune = {"method": "heterotune", "local-objective": "feddyn",
                   "model-groups": "vit_tiny_patch16_224", "model-group-args": "depth=2;depth=3"}
     with pytest.raises(ConfigError, match="not available with method 'heterotune'"):
-        objective_of(cfg(**heterotune))
+        cfg(**heterotune)
 
 
 def test_fedra_with_feddyn_end_to_end(tmp_path):

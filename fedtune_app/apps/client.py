@@ -177,7 +177,6 @@ def handle_train(msg: Message, context: Context) -> Message:
                       loss_fn=lambda inputs, labels: recipe.loss(model, plan, inputs, labels)
                       + objective.penalty(), server_round=round_)
     fit_seconds = time.perf_counter() - fit_started
-    recipe.end(params, context)
     objective.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
                              | recipe.reply(), received, round_)

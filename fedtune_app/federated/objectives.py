@@ -1,7 +1,7 @@
 """Local objectives against client drift: FedProx and FedDyn, for every method that trains the
 tensors it receives (FedRA, AllLarge, AllSmall, InclusiveFL, DepthFL, ...).
 
-Run-config key ``local-objective`` (DepthFL: ``depthfl-optimizer``, see ``objective_of``):
+Run-config key ``local-objective`` (a method may choose its own: ``RunConfig.objective``):
 
 * ``plain``: the method's own loss.
 * ``fedprox`` (Li et al., MLSys'20, Eq. 2): loss += mu/2 ||theta - theta_global||^2 .
@@ -30,34 +30,19 @@ from torch import nn
 
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
-from fedtune_app.config import ConfigError
+from fedtune_app.config import RunConfig, TrainingConfig
 
 
-NO_FEDDYN_SERVER_STEP = ("heterotune",)  # methods whose aggregate skips ``server_objective``
-
-
-def objective_of(cfg: dict) -> tuple[str, float]:
-    """(kind, coefficient) of this run's local objective: (plain, 0), (fedprox, mu) or
-    (feddyn, alpha). DepthFL with ``depthfl-optimizer = feddyn`` (its own paper's setting)
-    trains with FedDyn; with ``fedavg`` (the default) it follows ``local-objective``."""
-    kind = cfg.training.local_objective
-    if cfg.method == "depthfl" and cfg.own.depthfl_optimizer == "feddyn":
-        if kind != "plain":
-            raise ConfigError(f"run-config keys 'depthfl-optimizer' = 'feddyn' and "
-                              f"'local-objective' = {kind!r} contradict each other; set "
-                              "'depthfl-optimizer' = 'fedavg' to use 'local-objective', or "
-                              "'local-objective' = 'plain'")
-        return "feddyn", cfg.own.depthfl_feddyn_alpha
-    if kind == "feddyn" and cfg.method in NO_FEDDYN_SERVER_STEP:
-        raise ConfigError(f"run-config key 'local-objective' = 'feddyn' is not available with "
-                          f"method {cfg.method!r} (its aggregation has no FedDyn server "
-                          "step); allowed there: plain, fedprox")
-    training = cfg.training
+def objective_of(training: TrainingConfig) -> tuple[str, float]:
+    """(kind, coefficient) of key 'local-objective': (plain, 0), (fedprox, mu) or
+    (feddyn, alpha). A run's objective is ``RunConfig.objective``: this, unless its method
+    chooses its own."""
+    kind = training.local_objective
     return kind, {"plain": 0.0, "fedprox": training.fedprox_mu,
                   "feddyn": training.feddyn_alpha}[kind]
 
 
-def state_key(cfg: dict) -> str:
+def state_key(cfg: RunConfig) -> str:
     """Where a node keeps its FedDyn h_i in ``context.state`` (one entry per method)."""
     return f"{cfg.method}-feddyn-h"
 
@@ -66,8 +51,8 @@ class LocalObjective:
     """Client side: ``begin`` (params hold what the server sent), ``penalty`` (added to the
     method's loss at every step), ``end`` (params hold the trained values)."""
 
-    def __init__(self, cfg: dict):
-        self.kind, self.coef = objective_of(cfg)
+    def __init__(self, cfg: RunConfig):
+        self.kind, self.coef = cfg.objective
         self.key = state_key(cfg)
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:

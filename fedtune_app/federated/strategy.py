@@ -23,7 +23,8 @@ from flwr.serverapp.strategy import Strategy
 from fedtune_app.model.adapters import names_for_plan
 from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
-from fedtune_app.federated.objectives import feddyn_server_step, objective_of
+from fedtune_app.config import RunConfig
+from fedtune_app.federated.objectives import feddyn_server_step
 from fedtune_app.federated.nodes import ClientInfo, NodeSet, error_of, error_text, match_replies
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
@@ -63,8 +64,13 @@ class LayerPlanStrategy(Strategy):
     # tensors that are no parameters (FedMD's consensus scores): screening and the state guard's
     # jump bound skip them (they must still be finite)
     unscreened: tuple[str, ...] = ()
+    # its aggregate ends with ``server_objective`` (FedDyn's server step): local-objective
+    # feddyn is allowed
+    feddyn_server_step = True
+    # its allocation can draw every block k times (key 'min-holders')
+    draws_k_cover = False
 
-    def __init__(self, cfg: dict, clients: list[ClientInfo], num_layers: int,
+    def __init__(self, cfg: RunConfig, clients: list[ClientInfo], num_layers: int,
                  initial_state: dict[str, np.ndarray]):
         self.cfg = cfg
         self.clients = sorted(clients, key=lambda c: c.partition_id)
@@ -85,7 +91,7 @@ class LayerPlanStrategy(Strategy):
         # rounds done before this process started (resume): Flower's loop counts from 1 again
         self.round_offset = 0
         self.model, self.recipe = None, None  # the server's model(s) and recipe (``attach``)
-        self.objective = objective_of(cfg)  # (plain|fedprox|feddyn, coefficient)
+        self.objective = cfg.objective  # (plain|fedprox|feddyn, coefficient)
         self.h: dict[str, np.ndarray] = {}  # FedDyn's server state h, per tensor name
         self.dp = cfg.robust.dp_noise_multiplier > 0
         self.dp_entropy = dp_noise_entropy(cfg.robust) if self.dp else None  # the DP noise's seed
@@ -238,10 +244,16 @@ class LayerPlanStrategy(Strategy):
         smallest = min(c.num_examples for c in self.clients)
         return math.ceil(smallest / self.cfg.training.batch_size) + 1
 
+    def begin_round(self, server_round: int) -> dict:
+        """The method's own step before the round's clients are drawn (FedBRICK: the server's
+        distillation); returns its metrics of the round."""
+        return {}
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:
         server_round += self.round_offset
-        entry = RoundLog(server_round)
+        begun = self.begin_round(server_round)
+        entry = RoundLog(server_round, method_metrics=begun)
         self.refresh_clients(grid, entry)
         clients = self.round_clients(self.sample_clients())
         plans = self.plan_round(server_round, clients) if clients else []

@@ -19,9 +19,11 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 
 def _what_the_method_says(run: RunConfig) -> RunConfig:
-    """Every run config built: the data its method holds out, its fixed model group."""
+    """Every run config built: the data its method holds out, its fixed model group, its local
+    objective."""
     method = method_of(run)
-    return dataclasses.replace(run, held_out=method.held_out(run), fixed_group=method.fixed_group)
+    return dataclasses.replace(run, held_out=method.held_out(run), fixed_group=method.fixed_group,
+                               objective=method.objective(run))
 
 
 register_derived(_what_the_method_says)
@@ -40,6 +42,12 @@ def resolve_config(run_config: dict) -> RunConfig:
                  [m.name for m in METHODS.values() if m.group_strategy])
     if method.check is not None:
         method.check(cfg)
+    if cfg.federation.min_holders > 1 and not strategy_class(cfg).draws_k_cover:
+        raise ConfigError(f"run-config key 'min-holders' = {cfg.federation.min_holders} with "
+                          f"method {cfg.method!r}: its allocation is not drawn to cover every "
+                          "block k times; methods that draw it: " + ", ".join(sorted(
+                              m.name for m in METHODS.values() if m.strategy is not None
+                              and m.strategy.draws_k_cover)))
     if cfg.robust.dp_noise_multiplier > 0 and not strategy_class(cfg).private_aggregation:
         raise ConfigError(f"run-config key 'dp-noise-multiplier' > 0 with method "
                           f"{cfg.method!r}: its server step reads the clients' updates in the "

@@ -256,4 +256,20 @@ class DepthFLConfig(ConfigPart):
         "FedDyn regularisation alpha (as DepthFL's Flower baseline)")
 
 
-register_method("depthfl", strategy=DepthFL, recipe=DepthFLRecipe, config=DepthFLConfig)
+def depthfl_objective(run) -> tuple[str, float] | None:
+    """DepthFL with ``depthfl-optimizer = feddyn`` (its own paper's setting) trains with FedDyn;
+    with ``fedavg`` (the default, as the FedRA and FedBRICK papers ran it) it follows
+    ``local-objective`` (None)."""
+    if run.own.depthfl_optimizer != "feddyn":
+        return None
+    kind = run.training.local_objective
+    if kind != "plain":
+        raise ConfigError(f"run-config keys 'depthfl-optimizer' = 'feddyn' and "
+                          f"'local-objective' = {kind!r} contradict each other; set "
+                          "'depthfl-optimizer' = 'fedavg' to use 'local-objective', or "
+                          "'local-objective' = 'plain'")
+    return "feddyn", run.own.depthfl_feddyn_alpha
+
+
+register_method("depthfl", strategy=DepthFL, recipe=DepthFLRecipe, config=DepthFLConfig,
+                objective=depthfl_objective)

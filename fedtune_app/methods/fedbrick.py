@@ -304,18 +304,11 @@ class FedBRICK(FedRA):
     def train_config(self, client, plan):
         return {"brick-domain": self.domain_of[client.partition_id]}
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def begin_round(self, server_round):
         started = time.perf_counter()
-        mse = self.server_distill(self.state, server_round + self.round_offset)  # step 1
-        seconds = time.perf_counter() - started
-        messages = super().configure_train(server_round, arrays, config, grid)
-        entry = self.history[-1]
-        entry.method_metrics |= {
-            "server-distill-seconds": seconds, "server-distill-mse": mse,
-            "brick-bytes-down": int(sum(v.nbytes for sent in self._sent.values()
-                                        for n, v in sent.items() if n.startswith("bricks."))),
-            **self.overheads(entry)}
-        return messages
+        mse = self.server_distill(self.state, server_round)  # step 1
+        return {"server-distill-seconds": time.perf_counter() - started,
+                "server-distill-mse": mse}
 
     def overheads(self, entry) -> dict:
         """Per client this round: BRICK parameters it stores, and their share of its model."""
@@ -336,8 +329,14 @@ class FedBRICK(FedRA):
     # -- aggregation: masked mean (step 5) ------------------------------------------------
     def aggregate(self, updates):
         new = self.combine(updates)
-        self.history[-1].method_metrics["brick-bytes-up"] = int(sum(
-            v.nbytes for u in updates for n, v in u.tensors.items() if n.startswith("bricks.")))
+        entry = self.history[-1]
+        sent = self.payload_names(entry)
+        entry.method_metrics |= {
+            "brick-bytes-down": int(sum(self.state[n].nbytes for names in sent.values()
+                                        for n in names if n.startswith("bricks."))),
+            **self.overheads(entry),
+            "brick-bytes-up": int(sum(v.nbytes for u in updates for n, v in u.tensors.items()
+                                      if n.startswith("bricks.")))}
         return self.server_objective(updates, new)
 
     def proxy_sets(self) -> dict:

@@ -27,6 +27,7 @@ from fedtune_app.methods.registry import register_method
 
 class FedRA(LayerPlanStrategy):
     name = "fedra"
+    draws_k_cover = True
 
     def plan_round(self, server_round, clients):
         capacities = [c.capacity for c in clients]

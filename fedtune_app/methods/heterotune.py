@@ -243,6 +243,7 @@ def fuse_state(state: dict[str, np.ndarray], depths: list[int],
 
 class HeteroTune(GroupStrategy):
     name = "heterotune"
+    feddyn_server_step = False  # Alg. 1's aggregate is all: no FedDyn server step
 
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)

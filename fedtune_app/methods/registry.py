@@ -14,6 +14,7 @@ from typing import Callable
 
 from fedtune_app.config import ConfigError, ConfigPart, HeldOut, NoKeys, RunConfig, did_you_mean, \
     register_keys
+from fedtune_app.federated.objectives import objective_of
 from fedtune_app.training.recipes import ClientRecipe
 
 
@@ -26,6 +27,7 @@ class Method:
     check: Callable[[dict], None] | None
     holdout: str | None  # 'proxy' or 'public': data its server keeps out of the clients'
     fixed_group: int | None  # over model groups, the group of every client
+    objective_hook: Callable[[RunConfig], tuple[str, float] | None] | None
 
     def held_out(self, run: RunConfig) -> HeldOut:
         """What this run's server keeps out of every client's training data: the proxy split
@@ -43,6 +45,20 @@ class Method:
         return HeldOut(proxy=data.proxy_fraction if proxy else 0.0,
                        public=run.own.public_fraction if self.holdout == "public" else 0.0)
 
+    def objective(self, run: RunConfig) -> tuple[str, float]:
+        """The run's local objective: the method's own (its ``objective`` hook), else key
+        'local-objective'; FedDyn only where the strategy ends with its server step."""
+        own = self.objective_hook(run) if self.objective_hook else None
+        if own is not None:
+            return own
+        kind, coef = objective_of(run.training)
+        strategies = [c for c in (self.strategy, self.group_strategy) if c is not None]
+        if kind == "feddyn" and not all(c.feddyn_server_step for c in strategies):
+            raise ConfigError(f"run-config key 'local-objective' = 'feddyn' is not available with "
+                              f"method {self.name!r} (its aggregation has no FedDyn server "
+                              "step); allowed there: plain, fedprox")
+        return kind, coef
+
 
 METHODS: dict[str, Method] = {}
 
@@ -51,18 +67,22 @@ def register_method(name: str, *, strategy: type | None = None,
                     group_strategy: type | None = None, recipe: type = ClientRecipe,
                     config: type[ConfigPart] = NoKeys,
                     check: Callable[[dict], None] | None = None,
-                    holdout: str | None = None, fixed_group: int | None = None) -> None:
+                    holdout: str | None = None, fixed_group: int | None = None,
+                    objective: Callable[[RunConfig], tuple[str, float] | None] | None = None
+                    ) -> None:
     """Register method ``name`` (its run-config value of key ``method``).
 
     holdout: data its server keeps out of every client's partition, 'proxy' (FedBRICK's
     distillation set) or 'public' (FedMD/FedDF's public set). fixed_group: over model groups,
-    the group every client runs (0 = smallest, -1 = largest; AllSmall / AllLarge)."""
+    the group every client runs (0 = smallest, -1 = largest; AllSmall / AllLarge). objective:
+    the method's own local objective ((kind, coefficient), or None for key 'local-objective')."""
     if name in METHODS:
         raise ValueError(f"method {name!r} is already registered")
     if strategy is None and group_strategy is None:
         raise ValueError(f"method {name!r} needs a strategy or a group_strategy")
     register_keys(f"method {name}", config, method=name)
-    METHODS[name] = Method(name, strategy, group_strategy, recipe, check, holdout, fixed_group)
+    METHODS[name] = Method(name, strategy, group_strategy, recipe, check, holdout, fixed_group,
+                           objective)
 
 
 def method_of(cfg: dict) -> Method:

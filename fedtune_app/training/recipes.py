@@ -2,8 +2,8 @@
 
 A recipe says which extra trainable modules the model carries (``extend``), which tensors a plan
 trains (``trainables``), the local loss (``loss``) and training (``fit``, e.g. FedBRICK's two
-stages), the round's config (``configure``), what runs before and after local training
-(``begin``/``end``, e.g. a node's FedDyn state), and how the server's global model predicts
+stages), the round's config (``configure``), what runs before local training (``begin``,
+e.g. FedBRICK's stage choice), and how the server's global model predicts
 (``eval_logits``). The default recipe is plain task loss on the sub-network (FedRA, AllLarge,
 AllSmall, InclusiveFL). A method with its own recipe names it when it registers
 (``methods.registry.register_method``).
@@ -106,9 +106,6 @@ class ClientRecipe:
 
     def begin(self, params: dict[str, nn.Parameter], context: Context) -> None:
         """Before local training (params hold what the server sent)."""
-
-    def end(self, params: dict[str, nn.Parameter], context: Context) -> None:
-        """After local training (params hold the trained values)."""
 
     def eval_logits(self, model: LayeredModel, plan, inputs) -> dict[str, torch.Tensor]:
         """Global model's outputs at evaluation: the first entry is THE prediction (its
