@@ -60,6 +60,16 @@ KEYS: dict[str, Key] = {
     "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),
     "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
     # trainable part
+    "client-trains": Key("adapters", "what a client trains: adapters (+ head) on frozen blocks, "
+                         "or 'full': every parameter of the blocks it holds + the head (the "
+                         "stem and final norm stay frozen; frozen block weights then travel); "
+                         "'heterotune': HeteroTune Table 2's reading, whose 'Baseline' column "
+                         "counts whole models and says FedDF and FlexiFed cost about as much "
+                         "as the baselines, pFedLoRA about as much as HeteroTune: full for "
+                         "the methods that can fine-tune fully (homo, all-small, all-large, "
+                         "feddf, flexifed), adapters for the others. Methods defined on "
+                         "adapters (fedra, fedbrick, heterotune, pfedlora, ...) refuse 'full'",
+                         choices=("adapters", "full", "heterotune")),
     "adapter": Key("lora", "trainable module inserted in each block",
                    choices=("lora", "bottleneck")),
     "adapter-modules": Key("last-fc", "block-relative Linear names to adapt, comma separated, or "

@@ -112,6 +112,7 @@ def common_keys(state: dict[str, np.ndarray], strategy: str = "max-common") -> d
 
 
 class FlexiFed(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "flexifed"
 
     def __init__(self, cfg, clients, num_layers, initial_state):

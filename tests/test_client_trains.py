@@ -1,0 +1,131 @@
+"""Key 'client-trains': adapters (default) or full fine-tuning of the held blocks + head."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from client_app import app as client_app
+from fedtune_app.apps.server import run_federation
+from fedtune_app.config import ConfigError, app_defaults
+from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
+from fedtune_app.methods import recipe_for, resolve_config
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.training.local import train_local
+from fedtune_app.data.splits import client_examples, load_data
+from inprocess import InProcessGrid, simulation_nodes
+
+# the smoke preset's Mixer: embed_dim 32, 16 patches (8x8 image, patch 2), token MLP 16 -> 16,
+# channel MLP 32 -> 128 -> 32. One block's parameters: 2 LayerNorms 2 * (32 + 32), token fc1
+# and fc2 2 * (16*16 + 16), channel fc1 32*128 + 128, fc2 128*32 + 32
+BLOCK = 2 * 64 + 2 * (256 + 16) + (4096 + 128) + (4096 + 32)
+HEAD = 32 * 10 + 10
+
+
+def smoke(**keys):
+    return resolve_config({**app_defaults(), "preset": "smoke", **keys})
+
+
+def full_model(cfg):
+    recipe = recipe_for(cfg)
+    return recipe.build(ModelSpec.from_config(cfg, 10)), recipe
+
+
+def test_full_trains_every_parameter_of_the_held_blocks_and_the_head():
+    assert BLOCK == 9024
+    cfg = smoke(method="all-large", **{"client-trains": "full"})
+    model, recipe = full_model(cfg)
+    params = recipe.trainables(model, (0, 2))
+    assert sum(p.numel() for p in params.values()) == 2 * BLOCK + HEAD
+    assert {n.split(".")[1] for n in params if n.startswith("blocks.")} == {"0", "2"}
+    assert not any(".lora_" in n for n in params) and all(p.requires_grad
+                                                          for p in params.values())
+    # the stem and final norm stay frozen
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(not n.startswith(("blocks.", "head.")) for n in frozen)
+
+
+def test_full_initial_state_is_the_pretrained_blocks_and_a_seeded_head():
+    cfg = smoke(method="all-large", **{"client-trains": "full"})
+    model, recipe = full_model(cfg)
+    state = recipe.initial_state(model, cfg["seed"])
+    plain = build_backbone(ModelSpec.from_config(cfg, 10)).state_dict()  # the seeded init
+    blocks = [n for n in state if n.startswith("blocks.")]
+    assert len(blocks) == 4 * 12  # 12 tensors per Mixer block
+    for name in blocks:
+        assert np.array_equal(state[name], plain[name].numpy())
+    # block weights draw no random numbers: the head weight is the generator's first draw
+    head = torch.zeros(10, 32).normal_(0.0, 0.02, generator=torch.Generator().manual_seed(
+        cfg["seed"]))
+    assert np.array_equal(state["head.weight"], head.numpy())
+    assert not state["head.bias"].any()
+
+
+def test_one_local_step_changes_a_block_weight():
+    cfg = smoke(method="all-large", **{"client-trains": "full", "local-epochs": 1})
+    model, recipe = full_model(cfg)
+    params = recipe.trainables(model, (0, 1, 2, 3))
+    before = params["blocks.1.mlp_channels.fc1.weight"].detach().clone()
+    examples = client_examples(cfg, load_data(cfg), 0, 3)
+    train_local(model.subnetwork((0, 1, 2, 3)), list(params.values()), examples, cfg, seed=0,
+                device=torch.device("cpu"))
+    assert not torch.equal(before, params["blocks.1.mlp_channels.fc1.weight"])
+
+
+def test_a_full_block_weight_averages_over_its_holders_only():
+    name = "blocks.1.norm1.weight"
+    state = {name: np.zeros(2, np.float32), "head.bias": np.zeros(1, np.float32)}
+    updates = [ClientUpdate("0", {name: np.array([1.0, 2.0], np.float32)}, 30),
+               ClientUpdate("1", {name: np.array([4.0, 8.0], np.float32)}, 10),
+               ClientUpdate("2", {"head.bias": np.ones(1, np.float32)}, 60)]  # no block 1
+    new = masked_weighted_mean(state, updates)
+    # (30 * 1 + 10 * 4) / 40 = 1.75, (30 * 2 + 10 * 8) / 40 = 3.5: exact in float32
+    assert new[name].tolist() == [1.75, 3.5]
+
+
+@pytest.mark.parametrize("method", ["fedra", "fedbrick", "depthfl"])
+def test_methods_defined_on_adapters_refuse_full(method):
+    with pytest.raises(ConfigError, match=f"'client-trains' = 'full' with method '{method}'"):
+        smoke(method=method, **{"client-trains": "full"})
+
+
+@pytest.mark.parametrize("method, expected", [("heterotune", "adapters"),
+                                              ("pfedlora", "adapters"), ("homo", "full"),
+                                              ("feddf", "full"), ("flexifed", "full"),
+                                              ("all-large", "full")])
+def test_the_heterotune_reading_per_method(method, expected):
+    cfg = resolve_config({**app_defaults(), "preset": "heterotune-t1-cifar10", "method": method})
+    assert cfg["client-trains"] == expected
+    with pytest.raises(ConfigError, match="'client-trains' = 'full'") if expected == "adapters" \
+            else _no_error():
+        resolve_config({**app_defaults(), "preset": "heterotune-t1-cifar10", "method": method,
+                        "client-trains": "full"})
+
+
+class _no_error:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_full_fine_tuning_in_process_federation(tmp_path):
+    rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path),
+          "method": "all-large", "client-trains": "full"}
+    cfg = resolve_config(rc)
+    grid = InProcessGrid(client_app, simulation_nodes(3), rc)
+    folder = Path(run_federation(grid, cfg))
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert [m["round"] for m in metrics] == [1, 2] and all(m["rejected"] == {} for m in metrics)
+    for msg in (m for m in grid.sent if m.metadata.message_type == "train"):
+        n_floats = sum(a.numpy().size for a in msg.content["arrays"].values())
+        assert n_floats == 4 * BLOCK + HEAD  # all-large: the 4 blocks' weights + head
+    model, recipe = full_model(cfg)
+    start = recipe.initial_state(model, cfg["seed"])
+    final = load_file(str(folder / "state.safetensors"))
+    changed = {n for n in start if not np.array_equal(start[n], final[n])}
+    assert {f"blocks.{j}.mlp_channels.fc1.weight" for j in range(4)} <= changed
