@@ -60,9 +60,9 @@ KEYS: dict[str, Key] = {
     "model-args": Key("", "extra constructor arguments, e.g. 'depth=4,embed_dim=32' (timm)"),
     "model-seed": Key(0, "seed of a random-init backbone (all nodes must share it)", minimum=0),
     # trainable part
-    "client-trains": Key("adapters", "what a client trains: adapters (+ head) on frozen blocks, "
-                         "or 'full': every parameter of the blocks it holds + the head (the "
-                         "stem and final norm stay frozen; frozen block weights then travel); "
+    "client-trains": Key("adapters", "what a client trains: adapters (+ head) on a frozen "
+                         "backbone, or 'full': every parameter of the model it holds (stem, "
+                         "its blocks, final norm, head; all of them then travel); "
                          "'heterotune': HeteroTune Table 2's reading, whose 'Baseline' column "
                          "counts whole models and says FedDF and FlexiFed cost about as much "
                          "as the baselines, pFedLoRA about as much as HeteroTune: full for "

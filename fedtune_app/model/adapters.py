@@ -45,7 +45,7 @@ class AdapterSpec:
     r: int = 8
     alpha: float = 8.0
     dropout: float = 0.1
-    full: bool = False  # 'client-trains = full': no adapters, every block parameter trains
+    full: bool = False  # 'client-trains = full': no adapters, every parameter trains
 
     @classmethod
     def from_config(cls, cfg: dict) -> "AdapterSpec":
@@ -95,7 +95,7 @@ def resolve_modules(model: LayeredModel, modules: str) -> list[str]:
 
 def attach_adapters(model: LayeredModel, spec: AdapterSpec) -> LayeredModel:
     """Insert adapters into every block (in place) and mark adapters + head trainable; with
-    ``spec.full`` no adapters: every block parameter + head trainable (full fine-tuning)."""
+    ``spec.full`` no adapters: every parameter trainable (full fine-tuning)."""
     model.full_blocks = spec.full  # read by ``trainable_parameters`` (sub-networks copy it)
     modules = [] if spec.full else resolve_modules(model, spec.modules)
     if spec.kind == "lora" and modules:
@@ -135,10 +135,9 @@ def wire_name(param_name: str) -> str:
 
 def trainable_parameters(model: LayeredModel) -> dict[str, nn.Parameter]:
     """wire name -> parameter, for every trainable tensor of the model (all L blocks); with
-    full fine-tuning (``attach_adapters``) every block parameter too."""
+    full fine-tuning (``attach_adapters``) every parameter: stem, blocks, final norm, head."""
     full = getattr(model, "full_blocks", False)
-    return {wire_name(n): p for n, p in model.named_parameters()
-            if is_trainable_name(n) or (full and n.startswith("blocks."))}
+    return {wire_name(n): p for n, p in model.named_parameters() if full or is_trainable_name(n)}
 
 
 def block_of(name: str) -> int | None:
@@ -169,7 +168,7 @@ def initial_state(model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
     """Seeded initial trainable state, the same on every machine: LoRA A / adapter down
     Kaiming-uniform (peft's default), LoRA B / adapter up zero (so round 0 is the pretrained
     model), head (and extra heads) weight N(0, 0.02), biases zero. Extra heads are drawn last,
-    so the other tensors are the same with or without them. Full fine-tuning: block
+    so the other tensors are the same with or without them. Full fine-tuning: the backbone's
     parameters start at the model's (pretrained) values and draw nothing."""
     gen = torch.Generator().manual_seed(seed)
     state = {}
@@ -177,7 +176,7 @@ def initial_state(model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
                    key=lambda kv: (kv[0].startswith("exits."), kv[0]))
     for name, param in order:
         t = torch.zeros(param.shape, dtype=torch.float32)
-        if block_of(name) is not None and not is_added_name(name):  # a backbone weight
+        if not is_trainable_name(name):  # a backbone weight (full fine-tuning)
             t = param.detach().to("cpu", torch.float32).clone()
         elif name.endswith("weight") and (".lora_A." in name or ".adapter.down." in name):
             bound = 1.0 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5))
