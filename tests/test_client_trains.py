@@ -9,6 +9,7 @@ import torch
 from safetensors.numpy import load_file
 
 from client_app import app as client_app
+from fedtune_app.apps.evaluation import build_global
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError, app_defaults
 from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
@@ -130,3 +131,64 @@ def test_full_fine_tuning_in_process_federation(tmp_path):
     changed = {n for n in start if not np.array_equal(start[n], final[n])}
     assert {f"blocks.{j}.mlp_channels.fc1.weight" for j in range(4)} <= changed
     assert {"stem.stem.proj.weight", "neck.weight"} <= changed
+
+
+def test_table2_counts_of_a_fully_fine_tuned_group_run_are_the_whole_models():
+    from fedtune_app.tools.config_info import parameter_table
+    from test_heterotune import TWO_GROUPS
+
+    rows = parameter_table(resolve_config({**TWO_GROUPS, "method": "homo",
+                                           "client-trains": "full"}))
+    # group 0, ViT d=16, 2 blocks (test_heterotune's Table 2 count): patch conv 4*16+16, cls
+    # 16, pos (16+1)*16, per block 2 norms 2*32, qkv 16*48+48, proj 16*16+16, fc1 16*64+64,
+    # fc2 64*16+16; final norm 32; head 170
+    block = 64 + 816 + 272 + 1088 + 1040
+    whole = 80 + 16 + 272 + 2 * block + 32 + 170
+    assert rows[0]["model-params"] == rows[0]["trainable-params"] == whole
+    assert all(r["received-params"] == r["trainable-params"] == r["model-params"] for r in rows)
+    assert [r["reduction-%"] for r in rows] == [0.0, 0.0]
+
+
+def test_flexifed_full_shares_the_common_blocks_whole_weights_across_groups(tmp_path):
+    """Two groups of one width, depths 2 and 3: the whole weights of blocks 0-1 are one class,
+    their value the example-weighted mean over all 4 clients; a fully trained block moves."""
+    from floats import assert_rounded_mean
+    from test_comparators import SAME_WIDTH, results, run_recording
+
+    folder, _, replies, cfg = run_recording({**SAME_WIDTH, "method": "flexifed",
+                                             "client-trains": "full"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    name = "groups.0.blocks.1.attn.qkv.weight"
+    twin = name.replace("groups.0.", "groups.1.", 1)
+    np.testing.assert_array_equal(state[name], state[twin])
+    sent = [(t[n], k) for t, k in replies[2] for n in (name, twin) if n in t]
+    assert len(sent) == 4
+    assert_rounded_mean(state[name], *zip(*sent))
+    # the deeper group's block 2 is its own, and trained away from its initial weights
+    model, recipe = build_global(cfg)
+    start = recipe.initial_state(model, cfg["seed"])
+    assert not np.array_equal(start["groups.1.blocks.2.attn.qkv.weight"],
+                              state["groups.1.blocks.2.attn.qkv.weight"])
+
+
+def test_feddf_full_distils_into_the_whole_weights(tmp_path):
+    from test_comparators import TWO_GROUPS, results, run_recording
+
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7,
+                                           "client-trains": "full"}, tmp_path)
+    metrics, state = results(folder)
+    assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
+    # the state is the distilled one, not the plain group mean of the last replies
+    name = "groups.0.blocks.0.mlp.fc1.weight"
+    sent = [(t[name], k) for t, k in replies[2] if name in t]
+    mean = sum(v.astype(np.float64) * k for v, k in sent) / sum(k for _, k in sent)
+    assert len(sent) == 2 and not np.allclose(state[name], mean)
+
+
+def test_export_refuses_a_fully_fine_tuned_run(tmp_path):
+    from fedtune_app.tools.export import export_group
+
+    cfg = smoke(method="all-large", **{"client-trains": "full"})
+    with pytest.raises(ConfigError, match="'client-trains' = 'full'"):
+        export_group(cfg, {}, tmp_path, False, [str(c) for c in range(10)])

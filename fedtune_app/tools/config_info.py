@@ -49,7 +49,8 @@ def parameter_table(cfg: dict) -> list[dict]:
 
 
 def print_parameter_table(cfg: dict) -> None:
-    print(f"method {cfg['method']}, r = {cfg['lora-r']}, adapter-modules {cfg['adapter-modules']}")
+    print(f"method {cfg['method']}, client-trains {cfg['client-trains']}, r = {cfg['lora-r']}, "
+          f"adapter-modules {cfg['adapter-modules']}")
     print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
           "reduction (%) | paper: full / trained (M) |\n|---|---|---|---|---|---|---|")
     for r in parameter_table(cfg):
