@@ -67,8 +67,9 @@ KEYS: dict[str, Key] = {
                          "counts whole models and says FedDF and FlexiFed cost about as much "
                          "as the baselines, pFedLoRA about as much as HeteroTune: full for "
                          "the methods that can fine-tune fully (homo, all-small, all-large, "
-                         "feddf, flexifed), adapters for the others. Methods defined on "
-                         "adapters (fedra, fedbrick, heterotune, pfedlora, ...) refuse 'full'",
+                         "feddf, flexifed), adapters for the others; the others refuse "
+                         "'full' (fedra, fedbrick, heterotune, pfedlora are defined on "
+                         "adapters; depthfl, inclusivefl, fedmd: not enabled here)",
                          choices=("adapters", "full", "heterotune")),
     "adapter": Key("lora", "trainable module inserted in each block",
                    choices=("lora", "bottleneck")),

@@ -48,8 +48,9 @@ def resolve_client_trains(cfg: dict) -> dict:
         return cfg | {"client-trains": "full" if can else "adapters"}
     if cfg["client-trains"] == "full" and not can:
         raise ConfigError(
-            f"run-config key 'client-trains' = 'full' with method {cfg['method']!r}: its "
-            "algorithm is defined on adapters, so it cannot fine-tune whole blocks; methods "
+            f"run-config key 'client-trains' = 'full' with method {cfg['method']!r}: it trains "
+            "adapters only (FedRA, FedBRICK, HeteroTune, pFedLoRA are defined on adapters; "
+            "DepthFL, InclusiveFL, FedMD are not enabled for full fine-tuning here); methods "
             "with full fine-tuning: " + ", ".join(sorted(
                 m.name for m in METHODS.values()
                 if any(c is not None and c.full_fine_tuning

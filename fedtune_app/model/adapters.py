@@ -96,7 +96,7 @@ def resolve_modules(model: LayeredModel, modules: str) -> list[str]:
 def attach_adapters(model: LayeredModel, spec: AdapterSpec) -> LayeredModel:
     """Insert adapters into every block (in place) and mark adapters + head trainable; with
     ``spec.full`` no adapters: every parameter trainable (full fine-tuning)."""
-    model.full_blocks = spec.full  # read by ``trainable_parameters`` (sub-networks copy it)
+    model.fine_tunes_all = spec.full  # read by ``trainable_parameters`` (sub-networks copy it)
     modules = [] if spec.full else resolve_modules(model, spec.modules)
     if spec.kind == "lora" and modules:
         from peft import LoraConfig, inject_adapter_in_model
@@ -136,7 +136,7 @@ def wire_name(param_name: str) -> str:
 def trainable_parameters(model: LayeredModel) -> dict[str, nn.Parameter]:
     """wire name -> parameter, for every trainable tensor of the model (all L blocks); with
     full fine-tuning (``attach_adapters``) every parameter: stem, blocks, final norm, head."""
-    full = getattr(model, "full_blocks", False)
+    full = getattr(model, "fine_tunes_all", False)
     return {wire_name(n): p for n, p in model.named_parameters() if full or is_trainable_name(n)}
 
 
