@@ -122,6 +122,14 @@ class ModelConfig(ConfigPart):
 @dataclass(frozen=True)
 class AdapterConfig(ConfigPart):
     """What a client trains in every block it holds."""
+    client_trains: str = config_key("adapters", choices=("adapters", "full", "heterotune"), help=
+        "what a client trains: adapters (+ head) on a frozen backbone, or 'full': every "
+        "parameter of the model it holds (stem, its blocks, final norm, head; all of them then "
+        "travel); 'heterotune': HeteroTune Table 2's reading, whose 'Baseline' column counts "
+        "whole models and says FedDF and FlexiFed cost about as much as the baselines, pFedLoRA "
+        "about as much as HeteroTune: full for the methods that can fine-tune fully, adapters "
+        "for the others; a method defined on adapters refuses 'full' (the error lists which "
+        "methods allow it)")
     adapter: str = config_key("lora", choices=('lora', 'bottleneck'), help=
         "trainable module inserted in each block")
     adapter_modules: str = config_key("last-fc", help=

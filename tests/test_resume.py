@@ -69,8 +69,9 @@ def test_resume_refuses_another_run_or_a_broken_checkpoint(runs, tmp_path):
 
 @pytest.mark.parametrize("keys", [{"aggregator": "median"}, {"aggregator": "trimmed-mean"},
                                   {"aggregator": "clipped-mean"},
-                                  {"dp-noise-multiplier": 0.5, "dp-noise-seed": 11}],
-                         ids=["median", "trimmed-mean", "clipped-mean", "dp"])
+                                  {"dp-noise-multiplier": 0.5, "dp-noise-seed": 11},
+                                  {"method": "all-large", "client-trains": "full"}],
+                         ids=["median", "trimmed-mean", "clipped-mean", "dp", "full"])
 def test_resume_is_bit_exact_with_each_aggregator(keys, tmp_path):
     whole = run(tmp_path / "whole", **KEYS | keys)
     with pytest.raises(ServerKilled):

@@ -4,7 +4,8 @@ The node's model and data are built once per process (``runtime``) and reused ev
 round makes the model hold its plan's frozen blocks (read by name from the node's layered
 checkpoint on disk; the others are not in memory, ``model.block_store``), copies the received
 trainable tensors into it, trains the planned blocks, and replies with the same names. Frozen
-weights never travel.
+weights never travel (with 'client-trains = full' nothing is frozen: the received weights
+replace the checkpoint's).
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ class LayerPlanStrategy(Strategy):
     # its aggregation reads the clients' updates only through ``combine`` (client-level DP
     # protects nothing if a server step reads them in the clear: FedMD, FedDF, FedBRICK, ...)
     private_aggregation = True
+    # clients may fine-tune their blocks' full weights (run-config key 'client-trains'); False
+    # for methods whose algorithm is defined on adapters (FedRA, FedBRICK, HeteroTune, ...)
+    full_fine_tuning = False
     # tensors that are no parameters (FedMD's consensus scores): screening and the state guard's
     # jump bound skip them (they must still be finite)
     unscreened: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ def resolve_config(run_config: dict) -> RunConfig:
     method = method_of(cfg)
     check_groups(cfg, [m.name for m in METHODS.values() if m.strategy],
                  [m.name for m in METHODS.values() if m.group_strategy])
+    cfg = resolve_client_trains(cfg)
     if method.check is not None:
         method.check(cfg)
     if cfg.federation.min_holders > 1 and not strategy_class(cfg).draws_k_cover:
@@ -55,6 +56,24 @@ def resolve_config(run_config: dict) -> RunConfig:
                           + ", ".join(sorted(m.name for m in METHODS.values() if any(
                               c is not None and c.private_aggregation
                               for c in (m.strategy, m.group_strategy)))))
+    return cfg
+
+
+def resolve_client_trains(cfg: dict) -> dict:
+    """Key 'client-trains': 'heterotune' -> full where the method can fine-tune fully, else
+    adapters; 'full' for a method defined on adapters is refused."""
+    can = strategy_class(cfg).full_fine_tuning
+    if cfg.adapter.client_trains == "heterotune":
+        return cfg | {"client-trains": "full" if can else "adapters"}
+    if cfg.adapter.client_trains == "full" and not can:
+        raise ConfigError(
+            f"run-config key 'client-trains' = 'full' with method {cfg.method!r}: it trains "
+            "adapters only (FedRA, FedBRICK, HeteroTune, pFedLoRA are defined on adapters; "
+            "DepthFL, InclusiveFL, FedMD are not enabled for full fine-tuning here); methods "
+            "with full fine-tuning: " + ", ".join(sorted(
+                m.name for m in METHODS.values()
+                if any(c is not None and c.full_fine_tuning
+                       for c in (m.strategy, m.group_strategy)))))
     return cfg
 
 

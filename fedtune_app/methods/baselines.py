@@ -24,6 +24,7 @@ from fedtune_app.methods.registry import register_method
 
 
 class AllLarge(LayerPlanStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "all-large"
 
     def plan_round(self, server_round, clients):
@@ -31,6 +32,7 @@ class AllLarge(LayerPlanStrategy):
 
 
 class AllSmall(LayerPlanStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "all-small"
 
     @property
@@ -47,10 +49,12 @@ class AllSmall(LayerPlanStrategy):
 
 
 class GroupAllSmall(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "all-small"
 
 
 class GroupAllLarge(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "all-large"
 
 

@@ -45,6 +45,7 @@ from fedtune_app.methods.registry import register_method
 
 
 class FedDF(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "feddf"
     private_aggregation = False  # its ensemble runs every client's model in the clear
 

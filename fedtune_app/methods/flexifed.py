@@ -27,8 +27,11 @@ on adapters of different shapes: it would need slicing tensors across widths (as
 does), which FlexiFed does not define and which is not implemented here.
 
 Choices made here: example-weighted means (FlexiFed averages by data size too); the head counts
-as the last layer, so two groups share it only when their whole models match; frozen pretrained
-weights are never aggregated (only trainable adapters and heads travel).
+as the last layer, so two groups share it only when their whole models match; with adapters
+only they and the heads travel, with 'client-trains = full' (HeteroTune's reading of FlexiFed)
+every weight does, and the stem and final norm join the head's class: shared only between
+identical models (FlexiFed's first layer would be the stem; ours, no difference when the
+groups' widths differ, as in HeteroTune's presets).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def common_keys(state: dict[str, np.ndarray], strategy: str = "max-common") -> d
 
 
 class FlexiFed(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "flexifed"
 
     def __init__(self, cfg, clients, num_layers, initial_state):

@@ -37,6 +37,7 @@ class GroupStrategy(LayerPlanStrategy):
 
 
 class Homo(GroupStrategy):
+    full_fine_tuning = True  # plain averaging of whatever the clients train
     name = "homo"
 
 

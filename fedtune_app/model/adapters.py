@@ -45,11 +45,12 @@ class AdapterSpec:
     r: int = 8
     alpha: float = 8.0
     dropout: float = 0.1
+    full: bool = False  # 'client-trains = full': no adapters, every parameter trains
 
     @classmethod
     def from_config(cls, adapter: AdapterConfig) -> "AdapterSpec":
         return cls(adapter.adapter, adapter.adapter_modules, adapter.lora_r, adapter.lora_alpha,
-                   adapter.lora_dropout)
+                   adapter.lora_dropout, adapter.client_trains == "full")
 
 
 class BottleneckAdapter(nn.Module):
@@ -93,25 +94,26 @@ def resolve_modules(model: LayeredModel, modules: str) -> list[str]:
 
 
 def attach_adapters(model: LayeredModel, spec: AdapterSpec) -> LayeredModel:
-    """Insert adapters into every block (in place) and mark adapters + head trainable."""
-    modules = resolve_modules(model, spec.modules)
-    if spec.kind == "lora":
+    """Insert adapters into every block (in place) and mark adapters + head trainable; with
+    ``spec.full`` no adapters: every parameter trainable (full fine-tuning)."""
+    model.fine_tunes_all = spec.full  # read by ``trainable_parameters`` (sub-networks copy it)
+    modules = [] if spec.full else resolve_modules(model, spec.modules)
+    if spec.kind == "lora" and modules:
         from peft import LoraConfig, inject_adapter_in_model
 
         pattern = r"blocks\.\d+\.(?:" + "|".join(re.escape(m) for m in modules) + ")"
         config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                             target_modules=pattern)
         inject_adapter_in_model(config, model, adapter_name=PEFT_ADAPTER)
-    else:
+    else:  # bottleneck adapters (none with full fine-tuning)
         for block in model.blocks:
             for name in modules:
                 parent_name, _, leaf = name.rpartition(".")
                 parent = block.get_submodule(parent_name) if parent_name else block
                 setattr(parent, leaf, BottleneckAdapter(getattr(parent, leaf), spec.r))
     model.requires_grad_(False)
-    for name, param in model.named_parameters():
-        if is_trainable_name(name):
-            param.requires_grad_(True)
+    for param in trainable_parameters(model).values():
+        param.requires_grad_(True)
     return model
 
 
@@ -122,13 +124,20 @@ def is_trainable_name(param_name: str) -> bool:
         param_name.startswith(("head.", "exits.", "bricks."))
 
 
+def is_added_name(param_name: str) -> bool:
+    """A tensor the pretrained backbone does not have (adapters, exits, BRICKs)."""
+    return is_trainable_name(param_name) and not param_name.startswith("head.")
+
+
 def wire_name(param_name: str) -> str:
     return param_name.replace(f".{PEFT_ADAPTER}.", ".")
 
 
 def trainable_parameters(model: LayeredModel) -> dict[str, nn.Parameter]:
-    """wire name -> parameter, for every trainable tensor of the model (all L blocks)."""
-    return {wire_name(n): p for n, p in model.named_parameters() if is_trainable_name(n)}
+    """wire name -> parameter, for every trainable tensor of the model (all L blocks); with
+    full fine-tuning (``attach_adapters``) every parameter: stem, blocks, final norm, head."""
+    full = getattr(model, "fine_tunes_all", False)
+    return {wire_name(n): p for n, p in model.named_parameters() if full or is_trainable_name(n)}
 
 
 def block_of(name: str) -> int | None:
@@ -159,14 +168,17 @@ def initial_state(model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
     """Seeded initial trainable state, the same on every machine: LoRA A / adapter down
     Kaiming-uniform (peft's default), LoRA B / adapter up zero (so round 0 is the pretrained
     model), head (and extra heads) weight N(0, 0.02), biases zero. Extra heads are drawn last,
-    so the other tensors are the same with or without them."""
+    so the other tensors are the same with or without them. Full fine-tuning: the backbone's
+    parameters start at the model's (pretrained) values and draw nothing."""
     gen = torch.Generator().manual_seed(seed)
     state = {}
     order = sorted(trainable_parameters(model).items(),
                    key=lambda kv: (kv[0].startswith("exits."), kv[0]))
     for name, param in order:
         t = torch.zeros(param.shape, dtype=torch.float32)
-        if name.endswith("weight") and (".lora_A." in name or ".adapter.down." in name):
+        if not is_trainable_name(name):  # a backbone weight (full fine-tuning)
+            t = param.detach().to("cpu", torch.float32).clone()
+        elif name.endswith("weight") and (".lora_A." in name or ".adapter.down." in name):
             bound = 1.0 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5))
             t.uniform_(-bound, bound, generator=gen)
         elif name.startswith(("head.", "exits.")) and name.endswith("weight"):

@@ -49,8 +49,8 @@ def parameter_table(cfg: dict) -> list[dict]:
 
 
 def print_parameter_table(cfg: dict) -> None:
-    print(f"method {cfg.method}, r = {cfg.adapter.lora_r}, "
-          f"adapter-modules {cfg.adapter.adapter_modules}")
+    print(f"method {cfg.method}, client-trains {cfg.adapter.client_trains}, "
+          f"r = {cfg.adapter.lora_r}, adapter-modules {cfg.adapter.adapter_modules}")
     print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "
           "reduction (%) | paper: full / trained (M) |\n|---|---|---|---|---|---|---|")
     for r in parameter_table(cfg):

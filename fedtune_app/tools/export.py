@@ -319,6 +319,10 @@ _PREDICTING_EXTRAS = (".adapter.", "exits.")
 def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool,
                  class_names: list[str], extras_ok: bool = False) -> dict:
     """One model's export into ``out``; returns what the model card lists."""
+    if cfg.adapter.client_trains == "full":
+        raise ConfigError("run-config key 'client-trains' = 'full': export writes adapters on "
+                          "the pretrained backbone; a fully fine-tuned run's block weights are "
+                          "in its checkpoint, and their export is not implemented")
     spec = ModelSpec.from_config(cfg.model, len(class_names))
     backbone = build_backbone(spec)
     library = backbone.library_model()
