@@ -57,7 +57,7 @@ def step_seconds(cfg: dict, data: Examples, steps: int, repeats: int) -> tuple[f
     times = []
     for rep in range(repeats + 1):  # the first pass warms up
         started = time.perf_counter()
-        train_local(model, params, data, cfg, seed=rep, device=torch.device("cpu"))
+        train_local(model, params, data, cfg.training, seed=rep, device=torch.device("cpu"))
         times.append((time.perf_counter() - started) / steps)
     block = sum(p.numel() for p in model.blocks[0].parameters() if not p.requires_grad)
     return statistics.median(times[1:]), block, sum(p.numel() for p in params)

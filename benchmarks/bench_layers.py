@@ -36,7 +36,7 @@ def step_seconds(model, plan, data, cfg, device, steps: int, repeats: int) -> fl
     times = []
     for rep in range(repeats + 1):  # the first pass warms up
         started = time.perf_counter()
-        train_local(sub, params, data, cfg, seed=rep, device=device)
+        train_local(sub, params, data, cfg.training, seed=rep, device=device)
         times.append((time.perf_counter() - started) / steps)
     return statistics.median(times[1:])
 

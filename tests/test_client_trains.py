@@ -16,7 +16,7 @@ from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
 from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.training.local import train_local
-from fedtune_app.data.splits import client_examples, load_data
+from fedtune_app.data.splits import client_examples, run_splits
 from inprocess import InProcessGrid, simulation_nodes
 
 # the smoke preset's Mixer: embed_dim 32, 16 patches (8x8 image, patch 2), token MLP 16 -> 16,
@@ -34,7 +34,7 @@ def smoke(**keys):
 
 def full_model(cfg):
     recipe = recipe_for(cfg)
-    return recipe.build(ModelSpec.from_config(cfg, 10)), recipe
+    return recipe.build(ModelSpec.from_config(cfg.model, 10)), recipe
 
 
 def test_full_trains_every_parameter_of_the_model_a_client_holds():
@@ -53,7 +53,7 @@ def test_full_initial_state_is_the_pretrained_model_and_a_seeded_head():
     cfg = smoke(method="all-large", **{"client-trains": "full"})
     model, recipe = full_model(cfg)
     state = recipe.initial_state(model, cfg["seed"])
-    plain = build_backbone(ModelSpec.from_config(cfg, 10)).state_dict()  # the seeded init
+    plain = build_backbone(ModelSpec.from_config(cfg.model, 10)).state_dict()  # the seeded init
     backbone = [n for n in state if not n.startswith("head.")]
     assert len(backbone) == 4 * 12 + 4  # 12 tensors per Mixer block, 2 in the stem, 2 after
     for name in backbone:
@@ -70,9 +70,9 @@ def test_one_local_step_changes_a_block_weight():
     model, recipe = full_model(cfg)
     params = recipe.trainables(model, (0, 1, 2, 3))
     before = params["blocks.1.mlp_channels.fc1.weight"].detach().clone()
-    examples = client_examples(cfg, load_data(cfg), 0, 3)
-    train_local(model.subnetwork((0, 1, 2, 3)), list(params.values()), examples, cfg, seed=0,
-                device=torch.device("cpu"))
+    examples = client_examples(cfg, run_splits(cfg), 0, 3)
+    train_local(model.subnetwork((0, 1, 2, 3)), list(params.values()), examples, cfg.training,
+                seed=0, device=torch.device("cpu"))
     assert not torch.equal(before, params["blocks.1.mlp_channels.fc1.weight"])
 
 

@@ -40,13 +40,13 @@ def blob(tmp_path):
 def test_fetched_once_then_served_from_cache(blob, tmp_path):
     path, sha, size = blob
     cfg = cfg_for(path, sha, tmp_path / "cache")
-    local, fetched = ensure_checkpoint(cfg)
+    local, fetched = ensure_checkpoint(cfg.model)
     assert fetched == size == 3 * 1048576 + 123
     assert local == tmp_path / "cache" / f"{sha}.safetensors"
     assert local.read_bytes() == path.read_bytes()
-    assert ensure_checkpoint(cfg) == (local, 0)
+    assert ensure_checkpoint(cfg.model) == (local, 0)
     # the node config's data-dir wins over the run config's checkpoint-dir
-    node_local, fetched = ensure_checkpoint(cfg, {"data-dir": str(tmp_path / "node")})
+    node_local, fetched = ensure_checkpoint(cfg.model, {"data-dir": str(tmp_path / "node")})
     assert node_local == tmp_path / "node" / "checkpoints" / f"{sha}.safetensors"
     assert fetched == size
 
@@ -58,16 +58,16 @@ def test_corrupted_download_is_rejected_and_nothing_is_kept(blob, tmp_path):
     path.write_bytes(bytes(data))
     cache = tmp_path / "cache"
     with pytest.raises(ConfigError, match=r"checkpoint-sha256.*corrupted"):
-        ensure_checkpoint(cfg_for(path, sha, cache))
+        ensure_checkpoint(cfg_for(path, sha, cache).model)
     assert list(cache.iterdir()) == []  # no partial or bad file left behind
 
 
 def test_corrupted_cache_is_fetched_again(blob, tmp_path):
     path, sha, size = blob
     cfg = cfg_for(path, sha, tmp_path / "cache")
-    local, _ = ensure_checkpoint(cfg)
+    local, _ = ensure_checkpoint(cfg.model)
     local.write_bytes(b"truncated")
-    assert ensure_checkpoint(cfg) == (local, size)
+    assert ensure_checkpoint(cfg.model) == (local, size)
     assert hashlib.sha256(local.read_bytes()).hexdigest() == sha
 
 
@@ -79,7 +79,7 @@ def test_archive_is_unpacked_into_a_directory(tmp_path):
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname="model")
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
-    local, fetched = ensure_checkpoint(cfg_for(archive, sha, tmp_path / "cache"))
+    local, fetched = ensure_checkpoint(cfg_for(archive, sha, tmp_path / "cache").model)
     assert fetched == archive.stat().st_size
     assert local.is_dir() and json.loads((local / "config.json").read_text()) == {"a": 1}
 
@@ -93,7 +93,7 @@ def test_bad_checkpoint_keys_name_the_key(blob, tmp_path, changes, match):
     path, sha, _ = blob
     cfg = cfg_for(path, sha, tmp_path / "cache") | changes
     with pytest.raises(ConfigError, match=match):
-        ensure_checkpoint(cfg)
+        ensure_checkpoint(cfg.model)
 
 
 def test_nodes_fetch_the_checkpoint_once_and_train_on_its_weights(tmp_path):

@@ -31,8 +31,8 @@ def steps(cfg: dict, epochs: int) -> np.ndarray:
     """``epochs`` optimizer steps (one batch each) on loss = sum(G * w): gradient G each step."""
     model, g = Linear(), torch.tensor(G)
     data = Examples(torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))
-    train_local(model, [model.w], data, cfg | {"local-epochs": epochs, "batch-size": 4,
-                                                "grad-clip": 0.0},
+    train_local(model, [model.w], data, (cfg | {"local-epochs": epochs, "batch-size": 4,
+                                                 "grad-clip": 0.0}).training,
                 seed=0, device=CPU, loss_fn=lambda x, y: (g * model.w).sum())
     return model.w.detach().numpy()
 

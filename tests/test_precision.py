@@ -56,7 +56,7 @@ def test_bf16_training_keeps_float32_weights_and_learns():
     params = list(trainable_parameters(sub).values())
     before = [p.detach().clone() for p in params]
     _, loss_before = predict(model, (1, 3), data, 48, CPU, "fp32")
-    train_local(sub, params, data, cfg, seed=0, device=CPU)
+    train_local(sub, params, data, cfg.training, seed=0, device=CPU)
     _, loss_after = predict(model, (1, 3), data, 48, CPU, "fp32")
     assert all(p.dtype == torch.float32 for p in params)
     assert any(not torch.equal(a, b) for a, b in zip(params, before))

@@ -47,7 +47,7 @@ def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
     recipe = recipe or recipe_for(cfg)
     spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
     adapters = AdapterSpec.from_config(cfg.adapter)
-    folder = cache_dir(cfg, node_config)
+    folder = cache_dir(cfg.model, node_config)
     key = (spec, adapters, cfg.training.device, cfg.training.precision, type(recipe).__name__,
            recipe.cache_key(), recipe.group, folder, cfg.model.layered_url,
            cfg.model.layered_sha256)
@@ -111,7 +111,7 @@ def node_group(cfg: dict, context: Context) -> int | None:
 
 def local_data(cfg: dict, context: Context):
     pid, num, capacity = node_identity(cfg, context.node_config)
-    splits = run_splits(cfg, node_folder=cache_dir(cfg, context.node_config))
+    splits = run_splits(cfg, node_folder=cache_dir(cfg.model, context.node_config))
     return pid, capacity, client_examples(cfg, splits, pid, num), splits
 
 

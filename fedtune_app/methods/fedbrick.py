@@ -255,15 +255,16 @@ class FedBRICKRecipe(ClientRecipe):
         retained = set(brick_names(params, self.domain, set(plan)))
         stage1 = [p for n, p in params.items() if n not in retained]
         stage2 = [params[n] for n in sorted(retained)]
-        loss = train_local(model, stage1, examples, self.cfg, seed=seed, device=device,
+        training = self.cfg.training
+        loss = train_local(model, stage1, examples, training, seed=seed, device=device,
                            loss_fn=loss_fn)
-        cfg2 = self.cfg | {"local-epochs": self.cfg.own.fedbrick_stage2_epochs}
+        stage2_training = replace(training, local_epochs=self.cfg.own.fedbrick_stage2_epochs)
         steps = self.cfg.own.fedbrick_stage2_steps  # "only a few local steps": a per-epoch cap
         if steps:
             examples = replace(examples, max_batches=min(steps, examples.max_batches or steps))
-        total = cfg2["local-epochs"] * examples.num_batches(cfg2["batch-size"])
+        total = stage2_training.local_epochs * examples.num_batches(training.batch_size)
         steps = itertools.count()  # train_local calls the loss once per optimizer step
-        train_local(model, stage2, examples, cfg2, seed=seed + 1, device=device,
+        train_local(model, stage2, examples, stage2_training, seed=seed + 1, device=device,
                     loss_fn=lambda x, y: self.stage2_loss(model, plan, x, y,
                                                           anneal(next(steps), total)))
         return loss

@@ -63,8 +63,8 @@ class FedDF(GroupStrategy):
             return kd_loss(z, t, temperature)
 
         if self.cfg.own.feddf_distillation == "epochs":
-            distill(model, plan, params, self.public, teacher, loss, self.cfg, seed=seed,
-                    device=self.device)
+            distill(model, plan, params, self.public, teacher, loss, self.cfg.training,
+                    self.cfg.own, seed=seed, device=self.device)
             return
 
         def validate():

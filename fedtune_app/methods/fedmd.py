@@ -58,9 +58,9 @@ class FedMDRecipe(ClientRecipe):
         trainable = list(params.values())
         if server_round > 1:  # digest
             distill(model, plan, trainable, self._public, self._consensus.numpy(), digest_loss,
-                    self.cfg, seed=seed + 1, device=device)
-        loss = train_local(model.subnetwork(plan), trainable, examples, self.cfg, seed=seed,
-                           device=device, loss_fn=loss_fn)  # revisit
+                    self.cfg.training, self.cfg.own, seed=seed + 1, device=device)
+        loss = train_local(model.subnetwork(plan), trainable, examples, self.cfg.training,
+                           seed=seed, device=device, loss_fn=loss_fn)  # revisit
         self._scores = scores_on(model, plan, self._public,
                                  self.cfg.federation.eval_batch_size, device)
         return loss

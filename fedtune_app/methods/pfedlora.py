@@ -32,6 +32,7 @@ the frozen backbone is the pretrained one (pFedLoRA trains its local models whol
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 import numpy as np
 from torch import nn
@@ -123,13 +124,14 @@ class PFedLoRARecipe(ClientRecipe):
         local = {n: p for n, p in params.items() if f".{CORE}." not in n}
         cores = {n: p for n, p in params.items() if f".{CORE}." in n}
         loss = 0.0
-        epochs = [self.cfg[key] or self.cfg.training.local_epochs
-                  for key in ("pfedlora-model-epochs", "pfedlora-adapter-epochs")]
+        own, training = self.cfg.own, self.cfg.training
+        epochs = [own.pfedlora_model_epochs or training.local_epochs,
+                  own.pfedlora_adapter_epochs or training.local_epochs]
         for phase, (train, frozen) in enumerate(((local, cores), (cores, local))):
             for p in frozen.values():
                 p.requires_grad_(False)
             loss = train_local(subnet, list(train.values()), examples,
-                               self.cfg | {"local-epochs": epochs[phase]},
+                               dataclasses.replace(training, local_epochs=epochs[phase]),
                                seed=seed + phase, device=device, loss_fn=loss_fn)
             for p in frozen.values():
                 p.requires_grad_(True)

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, ModelConfig, RunConfig
 
 CHUNK = 1 << 20
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
@@ -36,12 +36,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_dir(cfg: dict, node_config: dict | None = None) -> Path:
+def cache_dir(model: ModelConfig, node_config: dict | None = None) -> Path:
     node_dir = (node_config or {}).get("data-dir")
     if node_dir:
         return Path(str(node_dir)) / "checkpoints"
-    if cfg.model.checkpoint_dir:
-        return Path(cfg.model.checkpoint_dir)
+    if model.checkpoint_dir:
+        return Path(model.checkpoint_dir)
     return Path.home() / ".cache" / "fedtune" / "checkpoints"
 
 
@@ -103,9 +103,9 @@ def _verified(blob: Path, expected: str) -> bool:
     return key in _VERIFIED
 
 
-def ensure_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[Path, int]:
+def ensure_checkpoint(model: ModelConfig, node_config: dict | None = None) -> tuple[Path, int]:
     """(local path of the verified checkpoint, bytes fetched now: 0 when it was cached)."""
-    url, expected = cfg.model.checkpoint_url, cfg.model.checkpoint_sha256.lower()
+    url, expected = model.checkpoint_url, model.checkpoint_sha256.lower()
     if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
         raise ConfigError("run-config key 'checkpoint-sha256' must be the 64 hex digits of the "
                           f"checkpoint's SHA-256 (e.g. from `sha256sum FILE`), got {expected!r}")
@@ -113,7 +113,7 @@ def ensure_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[Path,
         raise ConfigError(f"run-config key 'checkpoint-url' = {url!r}: allowed schemes: "
                           "file://, http://, https://")
     suffix = _suffix(url)
-    blob = cache_dir(cfg, node_config) / f"{expected}{suffix}"
+    blob = cache_dir(model, node_config) / f"{expected}{suffix}"
     fetched = 0
     if not _verified(blob, expected):  # missing or corrupted on disk
         fetched = _download(url, blob, expected)
@@ -131,10 +131,10 @@ def ensure_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[Path,
     return unpacked, fetched
 
 
-def with_checkpoint(cfg: dict, node_config: dict | None = None) -> tuple[dict, int]:
+def with_checkpoint(cfg: RunConfig, node_config: dict | None = None) -> tuple[RunConfig, int]:
     """The run config with ``model-source`` pointing at the local verified checkpoint (when
     ``checkpoint-url`` is set), and the bytes fetched for it now."""
     if not cfg.model.checkpoint_url:
         return cfg, 0
-    path, fetched = ensure_checkpoint(cfg, node_config)
-    return {**cfg, "model-source": str(path)}, fetched
+    path, fetched = ensure_checkpoint(cfg.model, node_config)
+    return cfg.replace(**{"model-source": str(path)}), fetched

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import itertools
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigPart, config_key, register_keys
+from fedtune_app.config import ConfigPart, TrainingConfig, config_key, register_keys
 from fedtune_app.data.splits import Examples
 
 
@@ -73,16 +74,17 @@ def scores_on(model, plan, public: Examples, batch_size: int, device) -> np.ndar
 
 
 def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: np.ndarray,
-            loss, cfg: dict, seed: int, device) -> float:
+            loss, training: TrainingConfig, distilling: DistillConfig, seed: int,
+            device) -> float:
     """Train ``params`` so that the model's logits on ``public`` approach ``targets`` under
     ``loss(logits, target_logits)``, for ``distill-epochs`` epochs at ``distill-lr``."""
     from fedtune_app.training.local import train_local
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
     # SGD whatever the run's local optimizer: distill-lr is an SGD rate (FedMD's digest)
-    run = cfg | {"local-epochs": cfg.own.distill_epochs, "lr": cfg.own.distill_lr,
-                 "optimizer": "sgd"}
-    return train_local(model, params, indexed(public), run, seed=seed, device=device,
+    sgd = dataclasses.replace(training, local_epochs=distilling.distill_epochs,
+                              lr=distilling.distill_lr, optimizer="sgd")
+    return train_local(model, params, indexed(public), sgd, seed=seed, device=device,
                        loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))
 
 

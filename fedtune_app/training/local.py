@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedtune_app.model.backbones import LayeredModel
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig, TrainingConfig
 from fedtune_app.data.splits import Examples
 
 
@@ -45,7 +45,7 @@ def to_device(inputs, device):
     return inputs.to(device, non_blocking=True)
 
 
-def round_lr(cfg: dict, server_round: int) -> float:
+def round_lr(cfg: RunConfig, server_round: int) -> float:
     """The local learning rate of round t (1-based) of T = ``num-server-rounds``: a linear
     warm-up lr * t / W over the first W = ``lr-warmup-rounds`` rounds, then ``lr-schedule``:
     constant lr, or cosine lr (1 + cos(pi (t - W - 1) / (T - W))) / 2 (lr in round W + 1,
@@ -60,19 +60,20 @@ def round_lr(cfg: dict, server_round: int) -> float:
     return lr
 
 
-def make_optimizer(params: list[nn.Parameter], cfg: dict) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], training: TrainingConfig) -> torch.optim.Optimizer:
     """``optimizer`` over ``params`` at ``lr``: SGD (momentum, L2 weight decay) or AdamW
     (betas, eps, decoupled weight decay)."""
-    if cfg.training.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.training.lr, betas=(cfg.training.adam_beta1,
-                                 cfg.training.adam_beta2), eps=cfg.training.adam_eps,
-                                 weight_decay=cfg.training.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.training.lr, momentum=cfg.training.momentum,
-                           weight_decay=cfg.training.weight_decay)
+    if training.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=training.lr, betas=(training.adam_beta1,
+                                 training.adam_beta2), eps=training.adam_eps,
+                                 weight_decay=training.weight_decay)
+    return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum,
+                           weight_decay=training.weight_decay)
 
 
 def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
-                cfg: dict, seed: int, device: torch.device, loss_fn=None) -> float:
+                training: TrainingConfig, seed: int, device: torch.device,
+                loss_fn=None) -> float:
     """``make_optimizer`` (SGD or AdamW), grad-norm clip, on ``params`` of the (sub-)network.
     ``loss_fn(inputs, labels)`` is the local objective (default: cross-entropy of the model's
     logits; a method's recipe may add terms). Returns the mean training loss. A fresh optimizer
@@ -85,20 +86,20 @@ def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model.train()
-        optimizer = make_optimizer(params, cfg)
+        optimizer = make_optimizer(params, training)
         gen = torch.Generator().manual_seed(seed)
         # the running loss stays on the device: a .item() per step would make the CPU wait
         # for the GPU every step instead of queueing the next batch
         total, count = torch.zeros((), device=device), 0
-        for _ in range(cfg.training.local_epochs):
-            for inputs, labels in data.batches(cfg.training.batch_size, generator=gen):
+        for _ in range(training.local_epochs):
+            for inputs, labels in data.batches(training.batch_size, generator=gen):
                 inputs, labels = to_device(inputs, device), labels.to(device)
-                with autocast(cfg.training.precision, device):
+                with autocast(training.precision, device):
                     loss = loss_fn(inputs, labels).float()
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if cfg.training.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
+                if training.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
                 optimizer.step()
                 total += loss.detach() * len(labels)
                 count += len(labels)

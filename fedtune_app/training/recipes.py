@@ -76,8 +76,8 @@ class ClientRecipe:
             seed: int, device, loss_fn, server_round: int) -> float:
         """Local training; returns the mean training loss. Default: ``train_local`` of the
         plan's sub-network on ``params`` (FedMD digests first, pFedLoRA trains in two phases)."""
-        return train_local(model.subnetwork(plan), list(params.values()), examples, self.cfg,
-                           seed=seed, device=device, loss_fn=loss_fn)
+        return train_local(model.subnetwork(plan), list(params.values()), examples,
+                           self.cfg.training, seed=seed, device=device, loss_fn=loss_fn)
 
     def root_update(self, model: LayeredModel, state: dict[str, np.ndarray],
                     server_round: int) -> dict[str, np.ndarray]:
