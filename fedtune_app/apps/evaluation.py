@@ -13,7 +13,7 @@ from fedtune_app.data.groups import GroupedModel, GroupedRecipe, group_config, g
 from fedtune_app.data.splits import run_num_classes, run_splits
 from fedtune_app.federated.strategy import ClientInfo
 from fedtune_app.methods import recipe_for
-from fedtune_app.model.adapters import is_added_name, trainable_parameters
+from fedtune_app.model.adapters import added_parameters
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.training.local import check_precision, pick_device, predict_outputs
 
@@ -95,7 +95,7 @@ def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:
     back, those it receives each round, and the reduction 1 - trained / full in %."""
     plan = tuple(range(model.num_blocks))
     size = lambda params: int(sum(p.numel() for p in params))  # noqa: E731
-    adapters = {id(p) for n, p in trainable_parameters(model).items() if is_added_name(n)}
+    adapters = added_parameters(model)
     full = size(p for p in model.parameters() if id(p) not in adapters)
     trained = size(recipe.trainables(model, plan).values())
     return {"model-params": full, "trainable-params": trained,

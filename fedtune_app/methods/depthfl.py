@@ -59,7 +59,7 @@ from torch import nn
 from fedtune_app.config import ConfigError, ConfigPart, config_key
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
-from fedtune_app.model.adapters import block_of, names_for_plan
+from fedtune_app.model.adapters import add_trained_module, block_of, names_for_plan
 from fedtune_app.training.recipes import ClientRecipe
 
 log = logging.getLogger("fedtune")
@@ -157,6 +157,11 @@ def ensemble_log_probs(logits: list[torch.Tensor]) -> torch.Tensor:
 class DepthFLRecipe(ClientRecipe):
     """Exits on the model, the self-distillation loss, ensemble inference."""
 
+    tensor_formulas = {"exits.": "DepthFL exit classifier: Linear on the pooled features after "
+                                 "block <d> (exits.<d>); prediction = mean over exits and head "
+                                 "of log_softmax"}
+    predicting_tensors = ("exits.",)
+
     def cache_key(self):
         return (self.cfg.own.depthfl_exit_every,)
 
@@ -169,9 +174,9 @@ class DepthFLRecipe(ClientRecipe):
 
     def extend(self, model):
         head = model.head
-        model.exits = nn.ModuleDict({str(d): nn.Linear(head.in_features, head.out_features)
-                                     for d in self.depths(model) if d < model.num_blocks})
-        model.exits.requires_grad_(True)
+        add_trained_module(model, "exits", nn.ModuleDict({
+            str(d): nn.Linear(head.in_features, head.out_features)
+            for d in self.depths(model) if d < model.num_blocks}), init="classifier")
         return model
 
     def trainables(self, model, plan):

@@ -81,7 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.adapters import block_of, load_state, names_for_plan
+from fedtune_app.model.adapters import add_trained_module, block_of, load_state, names_for_plan
 from fedtune_app.config import ConfigError
 from fedtune_app.data.splits import domain_list, proxy_indices, run_splits
 from fedtune_app.training.recipes import ClientRecipe
@@ -205,15 +205,17 @@ def initial_bricks(state: dict[str, np.ndarray], seed: int) -> dict[str, np.ndar
 class FedBRICKRecipe(ClientRecipe):
     """BRICKs on the model; the two-stage local training (Eq. 21-24)."""
 
+    tensor_formulas = {"bricks.": "FedBRICK BRICK E(x) = x * softmax(B1 A1 x) + B2 A2 x + x "
+                                  "standing in for block <position> of domain <domain>"}
+
     def cache_key(self):
         return (self.cfg.own.fedbrick_rank, tuple(brick_domains(self.cfg)))
 
     def extend(self, model):
         d, r = model.head.in_features, self.cfg.own.fedbrick_rank  # block width = head input
-        model.bricks = nn.ModuleDict({c: nn.ModuleDict({str(l): Brick(d, r)
-                                                        for l in range(model.num_blocks)})
-                                      for c in brick_domains(self.cfg)})
-        model.bricks.requires_grad_(True)
+        add_trained_module(model, "bricks", nn.ModuleDict({
+            c: nn.ModuleDict({str(l): Brick(d, r) for l in range(model.num_blocks)})
+            for c in brick_domains(self.cfg)}))
         return model
 
     @property

@@ -169,6 +169,9 @@ def is_fixed_branch(name: str, cfg: dict) -> bool:
 
 
 class HeteroTuneRecipe(ClientRecipe):
+    tensor_formulas = {".adapter.A": "HeteroTune fused FedAdapter (Eq. 6) on the Linear's "
+                                     "output y: y + gelu(y @ A) @ B"}
+
     def cache_key(self):
         return (num_groups(self.cfg.model), share_positions(self.cfg),
                 self.cfg.own.heterotune_learnable_weights)

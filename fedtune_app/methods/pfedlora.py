@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from fedtune_app.model.adapters import block_of, is_trainable_name, resolve_modules
+from fedtune_app.model.adapters import block_of, resolve_modules, trainable_parameters
 from fedtune_app.model.backbones import build_backbone
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
@@ -111,8 +111,8 @@ class PFedLoRARecipe(ClientRecipe):
         attach_core_lora(model, modules, self.cfg.adapter.lora_r, self.cfg.adapter.lora_alpha,
                          self.cfg.adapter.lora_dropout)
         model.requires_grad_(False)
-        for name, param in model.named_parameters():
-            param.requires_grad_(is_trainable_name(name))
+        for param in trainable_parameters(model).values():
+            param.requires_grad_(True)
         return self.extend(model)
 
     def initial_state(self, model, seed):

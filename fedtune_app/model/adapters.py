@@ -117,16 +117,41 @@ def attach_adapters(model: LayeredModel, spec: AdapterSpec) -> LayeredModel:
     return model
 
 
-def is_trainable_name(param_name: str) -> bool:
-    """Adapters, the head, and extra modules a method adds (``exits.<depth>.*``, DepthFL;
-    ``bricks.<domain>.<position>.*``, FedBRICK)."""
-    return ".lora_" in param_name or ".adapter." in param_name or \
-        param_name.startswith(("head.", "exits.", "bricks."))
+ADDED = "added_by_method"  # the mark of a module a method adds: its initialisation kind
 
 
-def is_added_name(param_name: str) -> bool:
-    """A tensor the pretrained backbone does not have (adapters, exits, BRICKs)."""
-    return is_trainable_name(param_name) and not param_name.startswith("head.")
+def add_trained_module(model: nn.Module, name: str, module: nn.Module,
+                       init: str = "zeros") -> nn.Module:
+    """Add ``module`` to ``model`` as ``name``, marked as a module the method adds (DepthFL's
+    exits, FedBRICK's BRICKs): it trains, travels and is aggregated like the adapters.
+    ``init``: 'classifier' (like the head: weight N(0, 0.02), bias 0, drawn after every other
+    tensor, so those are the same with or without it) or 'zeros' (the recipe sets it)."""
+    setattr(module, ADDED, init)
+    module.requires_grad_(True)
+    setattr(model, name, module)
+    return module
+
+
+def added_modules(model: nn.Module) -> dict[str, str]:
+    """Name prefix (``exits.``) -> initialisation kind, of every module a method added."""
+    return {f"{name}.": getattr(m, ADDED) for name, m in model.named_children()
+            if hasattr(m, ADDED)}
+
+
+def is_adapter_name(param_name: str) -> bool:
+    return ".lora_" in param_name or ".adapter." in param_name
+
+
+def is_trainable_name(param_name: str, added: dict[str, str]) -> bool:
+    """Adapters, the head, and the modules a method added (``added_modules``)."""
+    return is_adapter_name(param_name) or param_name.startswith(("head.", *added))
+
+
+def added_parameters(model: nn.Module) -> set[int]:
+    """Ids of the parameters the pretrained backbone does not have (adapters, added modules)."""
+    added = tuple(added_modules(model))
+    return {id(p) for n, p in model.named_parameters()
+            if is_adapter_name(n) or n.startswith(added)}
 
 
 def wire_name(param_name: str) -> str:
@@ -136,8 +161,9 @@ def wire_name(param_name: str) -> str:
 def trainable_parameters(model: LayeredModel) -> dict[str, nn.Parameter]:
     """wire name -> parameter, for every trainable tensor of the model (all L blocks); with
     full fine-tuning (``attach_adapters``) every parameter: stem, blocks, final norm, head."""
-    full = getattr(model, "fine_tunes_all", False)
-    return {wire_name(n): p for n, p in model.named_parameters() if full or is_trainable_name(n)}
+    full, added = getattr(model, "fine_tunes_all", False), added_modules(model)
+    return {wire_name(n): p for n, p in model.named_parameters()
+            if full or is_trainable_name(n, added)}
 
 
 def block_of(name: str) -> int | None:
@@ -172,16 +198,18 @@ def initial_state(model: LayeredModel, seed: int) -> dict[str, np.ndarray]:
     parameters start at the model's (pretrained) values and draw nothing."""
     gen = torch.Generator().manual_seed(seed)
     state = {}
+    added = added_modules(model)
+    classifiers = tuple(p for p, kind in added.items() if kind == "classifier")
     order = sorted(trainable_parameters(model).items(),
-                   key=lambda kv: (kv[0].startswith("exits."), kv[0]))
+                   key=lambda kv: (kv[0].startswith(classifiers), kv[0]))
     for name, param in order:
         t = torch.zeros(param.shape, dtype=torch.float32)
-        if not is_trainable_name(name):  # a backbone weight (full fine-tuning)
+        if not is_trainable_name(name, added):  # a backbone weight (full fine-tuning)
             t = param.detach().to("cpu", torch.float32).clone()
         elif name.endswith("weight") and (".lora_A." in name or ".adapter.down." in name):
             bound = 1.0 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5))
             t.uniform_(-bound, bound, generator=gen)
-        elif name.startswith(("head.", "exits.")) and name.endswith("weight"):
+        elif name.startswith(("head.", *classifiers)) and name.endswith("weight"):
             t.normal_(0.0, 0.02, generator=gen)
         state[name] = t.numpy()
     return state

@@ -64,6 +64,7 @@ from torch import nn
 from fedtune_app.config import ConfigError, setup_logging
 from fedtune_app.data.groups import group_config, group_of_name, group_specs, prefix
 from fedtune_app.data.splits import class_names_of
+from fedtune_app.methods import method_of
 from fedtune_app.model.adapters import PEFT_ADAPTER
 from fedtune_app.model.backbones import (EncoderLayered, FirstToken, LayeredModel, MeanPool,
                                          ModelSpec, build_backbone, hf_model_path,
@@ -71,14 +72,10 @@ from fedtune_app.model.backbones import (EncoderLayered, FirstToken, LayeredMode
 
 _LORA = re.compile(r"^blocks\.(\d+)\.(.+)\.lora_([AB])\.weight$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
+# formulas of the tensors every method may have; a method's recipe adds its own
+# (``ClientRecipe.tensor_formulas``)
 EXTRA_FORMULAS = {
     ".adapter.down": "bottleneck adapter on the Linear's output y: y + up(gelu(down(y)))",
-    ".adapter.A": "HeteroTune fused FedAdapter (Eq. 6) on the Linear's output y: "
-                  "y + gelu(y @ A) @ B",
-    "exits.": "DepthFL exit classifier: Linear on the pooled features after block <d> "
-              "(exits.<d>); prediction = mean over exits and head of log_softmax",
-    "bricks.": "FedBRICK BRICK E(x) = x * softmax(B1 A1 x) + B2 A2 x + x standing in for block "
-               "<position> of domain <domain>",
     "head.": "classification head (no peft adapter in this run)",
 }
 
@@ -128,7 +125,7 @@ def library_name(backbone: LayeredModel, library: nn.Module, name: str) -> str:
         return f"{block}.{name[match.end():]}"
     if name.startswith("head."):
         return f"{module_path(library, backbone.head)}.{name.removeprefix('head.')}"
-    return name  # exits.*, bricks.*: modules of our own, no library counterpart
+    return name  # a module a method added: no library counterpart
 
 
 def pooling_of(backbone: LayeredModel) -> str:
@@ -312,8 +309,9 @@ def base_name(spec: ModelSpec) -> str:
     return spec.name if spec.source in ("pretrained", "random") else spec.source
 
 
-# extras that change what the global model predicts: no library module computes them
-_PREDICTING_EXTRAS = (".adapter.", "exits.")
+# extras that change what the global model predicts: no library module computes them (a
+# method's recipe adds its own, ``ClientRecipe.predicting_tensors``)
+_PREDICTING_EXTRAS = (".adapter.",)
 
 
 def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool,
@@ -331,7 +329,9 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
     has_lora = any(_LORA.match(n) for n in state)
     extras = {library_name(backbone, library, n): v for n, v in state.items()
               if not _LORA.match(n) and (not has_lora or not n.startswith("head."))}
-    predicting = sorted(n for n in extras if any(k in n for k in _PREDICTING_EXTRAS))
+    recipe = method_of(cfg).recipe
+    predicting = sorted(n for n in extras
+                        if any(k in n for k in _PREDICTING_EXTRAS + recipe.predicting_tensors))
     if predicting and not extras_ok:
         raise ConfigError(
             f"no library loader computes this model: method {cfg.method!r}, adapter "
@@ -367,7 +367,8 @@ def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool
 
         save_file({k: np.ascontiguousarray(v) for k, v in extras.items()},
                   str(out / "fedtune_extras.safetensors"))
-        formulas = {k: v for k, v in EXTRA_FORMULAS.items() if any(k in n for n in extras)}
+        formulas = {k: v for k, v in (EXTRA_FORMULAS | recipe.tensor_formulas).items()
+                    if any(k in n for n in extras)}
         (out / "fedtune_extras.json").write_text(json.dumps(
             {"tensors": sorted(extras), "formulas": formulas}, indent=1))
         written += ["fedtune_extras.safetensors", "fedtune_extras.json"]

@@ -18,12 +18,18 @@ from torch import nn
 
 from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name, initial_state,
                                         load_state, trainable_parameters)
+from fedtune_app.config import RunConfig
 from fedtune_app.model.backbones import LayeredModel, ModelSpec, build_backbone
 from fedtune_app.training.local import train_local
 
 
 class ClientRecipe:
-    def __init__(self, cfg: dict, group: int | None = None):
+    # for exports: the formula of each kind of tensor the recipe adds (a part of its name ->
+    # formula), and the name parts of those that change what the global model predicts
+    tensor_formulas: dict[str, str] = {}
+    predicting_tensors: tuple[str, ...] = ()
+
+    def __init__(self, cfg: RunConfig, group: int | None = None):
         self.cfg = cfg
         self.group = group  # model group of the node (None: a single-model run)
 
