@@ -378,7 +378,7 @@ PARTS: dict[str, type[ConfigPart]] = {
 
 
 @dataclass(frozen=True)
-class RunConfig(ConfigPart, Mapping):
+class RunConfig(ConfigPart):
     """The run: its preset, method and seed, then one part per layer (each takes its own)."""
     preset: str = config_key("", help=
         "file name in conf/ (without .toml) whose keys become the defaults")
@@ -414,19 +414,6 @@ class RunConfig(ConfigPart, Mapping):
     def replace(self, **keys: Any) -> "RunConfig":
         """This config with some keys (kebab-case) set to other, already valid, values."""
         return RunConfig.build(dict(self.flat) | keys)
-
-    # read as the flat mapping of every key (config.json, run hashes, tracking)
-    def __getitem__(self, name: str) -> Any:
-        return self.flat[name]
-
-    def __iter__(self):
-        return iter(self.flat)
-
-    def __len__(self) -> int:
-        return len(self.flat)
-
-    def __or__(self, keys: Mapping[str, Any]) -> "RunConfig":
-        return self.replace(**keys)
 
 
 KEYS: dict[str, Key] = {k: spec for part in (RunConfig, *PARTS.values())
@@ -598,53 +585,53 @@ def resolve(run_config: Mapping[str, Any]) -> RunConfig:
     return config
 
 
-def check_quorum(config: dict[str, Any]) -> None:
+def check_quorum(config: RunConfig) -> None:
     """A reply quorum that no round could ever meet."""
-    quorum = config["min-valid-replies"]
-    if config["clients-per-round"] and quorum > config["clients-per-round"]:
+    fed = config.federation
+    quorum = fed.min_valid_replies
+    if fed.clients_per_round and quorum > fed.clients_per_round:
         raise ConfigError(f"run-config key 'min-valid-replies' = {quorum} exceeds key "
-                          f"'clients-per-round' = {config['clients-per-round']}: no round could "
+                          f"'clients-per-round' = {fed.clients_per_round}: no round could "
                           "ever update the global state")
-    num_clients = config["min-nodes"] or len(parse_int_list("capacities", config["capacities"]))
+    num_clients = fed.min_nodes or len(fed.capacity_list)
     if quorum > num_clients:
-        which = "min-nodes" if config["min-nodes"] else "capacities"
+        which = "min-nodes" if fed.min_nodes else "capacities"
         raise ConfigError(f"run-config key 'min-valid-replies' = {quorum} exceeds the "
                           f"{num_clients} clients of key '{which}': no round could ever update "
                           "the global state")
 
 
-def check_dp(config: dict) -> None:
+def check_dp(config: RunConfig) -> None:
     """DP needs an aggregation whose only input is the clipped updates."""
-    if config["dp-noise-multiplier"] <= 0:
+    if config.robust.dp_noise_multiplier <= 0:
         return
-    if config["aggregator"] != "mean":
-        raise ConfigError(f"run-config key 'aggregator' = {config['aggregator']!r} with key "
+    if config.robust.aggregator != "mean":
+        raise ConfigError(f"run-config key 'aggregator' = {config.robust.aggregator!r} with key "
                           "'dp-noise-multiplier' > 0: DP aggregates the clipped updates with "
                           "its own noisy mean; use aggregator = mean")
-    if config["local-objective"] == "feddyn":
+    if config.training.local_objective == "feddyn":
         raise ConfigError("run-config key 'local-objective' = 'feddyn' with key "
                           "'dp-noise-multiplier' > 0: FedDyn's server step reads every "
                           "client's update in the clear")
 
 
-def check_schedule(config: dict) -> None:
+def check_schedule(config: RunConfig) -> None:
     """A warm-up that never ends leaves the schedule nothing to do."""
-    if config["lr-warmup-rounds"] >= config["num-server-rounds"] and \
-            config["lr-schedule"] != "constant":
-        raise ConfigError(f"run-config key 'lr-warmup-rounds' = {config['lr-warmup-rounds']} "
-                          f"covers all {config['num-server-rounds']} rounds of key "
-                          "'num-server-rounds': no round is left for lr-schedule = "
-                          f"{config['lr-schedule']!r}; lower the warm-up")
+    training, rounds = config.training, config.federation.num_server_rounds
+    if training.lr_warmup_rounds >= rounds and training.lr_schedule != "constant":
+        raise ConfigError(f"run-config key 'lr-warmup-rounds' = {training.lr_warmup_rounds} "
+                          f"covers all {rounds} rounds of key 'num-server-rounds': no round is "
+                          f"left for lr-schedule = {training.lr_schedule!r}; lower the warm-up")
 
 
-def check_robust(config: dict) -> None:
-    """A robust aggregator or allocation whose inputs the run cannot provide."""
-    if config["aggregator"] == "fltrust":
-        if config["proxy-fraction"] <= 0:
+def check_robust(config: RunConfig) -> None:
+    """A robust aggregator whose inputs the run cannot provide."""
+    if config.robust.aggregator == "fltrust":
+        if config.data.proxy_fraction <= 0:
             raise ConfigError("run-config key 'aggregator' = 'fltrust' needs a root set on the "
                               "server: key 'proxy-fraction' > 0 (the proxy split, held out of "
                               "every client's data)")
-        if config["model-groups"]:
+        if config.model.model_groups:
             raise ConfigError("run-config key 'aggregator' = 'fltrust' with key 'model-groups': "
                               "the server's root-set update is computed for one model only")
 
@@ -653,7 +640,7 @@ register_check(check_quorum)
 register_check(check_schedule)
 register_check(check_dp)
 register_check(check_robust)
-register_check(lambda config: parse_faults(config["fault-injection"]))
+register_check(lambda config: parse_faults(config.federation.fault_injection))
 
 
 def setup_logging() -> None:

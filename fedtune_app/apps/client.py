@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedtune_app.model.adapters import AdapterSpec
 from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
 from fedtune_app.apps.faults import after_training, before_training
@@ -39,7 +39,7 @@ from fedtune_app.training.local import check_precision, pick_device, round_lr
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
 
 
-def runtime(cfg: dict, recipe=None, node_config: dict | None = None):
+def runtime(cfg: RunConfig, recipe=None, node_config: dict | None = None):
     """(model with adapters on all blocks and the method's extra modules, device), cached per
     process (the two most recent, or one per model group) and per method extension. The model
     holds no frozen block until ``hold_blocks(model, plan)``; its frozen weights come from the
@@ -77,7 +77,7 @@ def node_config_int(node_config: dict, key: str) -> int:
                           f"with --node-config '{key}=<int> ...'") from None
 
 
-def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
+def node_identity(cfg: RunConfig, node_config: dict) -> tuple[int, int, int]:
     """(partition id, number of partitions, capacity) from the node config (deployment:
     ``--node-config 'partition-id=2 num-partitions=6 capacity=4'``) or the scenario
     (simulation: capacity = capacities[partition-id])."""
@@ -103,13 +103,13 @@ def node_identity(cfg: dict, node_config: dict) -> tuple[int, int, int]:
     return pid, num, capacities[pid]
 
 
-def node_group(cfg: dict, context: Context) -> int | None:
+def node_group(cfg: RunConfig, context: Context) -> int | None:
     """This node's model group (None: a single-model run)."""
     pid, num, capacity = node_identity(cfg, context.node_config)
     return node_model_group(cfg, pid, num, capacity)
 
 
-def local_data(cfg: dict, context: Context):
+def local_data(cfg: RunConfig, context: Context):
     pid, num, capacity = node_identity(cfg, context.node_config)
     splits = run_splits(cfg, node_folder=cache_dir(cfg.model, context.node_config))
     return pid, capacity, client_examples(cfg, splits, pid, num), splits

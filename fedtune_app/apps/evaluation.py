@@ -9,6 +9,7 @@ import numpy as np
 from sklearn.metrics import matthews_corrcoef
 from torch import nn
 
+from fedtune_app.config import RunConfig
 from fedtune_app.data.groups import GroupedModel, GroupedRecipe, group_config, group_specs
 from fedtune_app.data.splits import run_num_classes, run_splits
 from fedtune_app.federated.strategy import ClientInfo
@@ -29,7 +30,7 @@ class GlobalEvaluator:
     ``accuracy-pooled`` is always the latter. A method whose global model has more than one
     output (DepthFL: ensemble and last exit) also reports ``accuracy-<output>`` (headline)."""
 
-    def __init__(self, cfg: dict, model, clients: list[ClientInfo], recipe=None):
+    def __init__(self, cfg: RunConfig, model, clients: list[ClientInfo], recipe=None):
         self.cfg, self.model, self.clients = cfg, model, clients
         self.recipe = recipe or recipe_for(cfg)
         self.device = pick_device(cfg.training.device)
@@ -76,7 +77,7 @@ class GlobalEvaluator:
                                                np.nan_to_num(per_class).tolist()))} | extra
 
 
-def build_global(cfg: dict):
+def build_global(cfg: RunConfig):
     """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
     specs = group_specs(cfg.model)
     if not specs:
@@ -111,7 +112,7 @@ class GroupedEvaluator:
     every group's Table-2 parameter counts (``params-per-model-group``).
     ``accuracy-per-class``: the largest group's."""
 
-    def __init__(self, cfg: dict, model: GroupedModel, clients, recipe: GroupedRecipe):
+    def __init__(self, cfg: RunConfig, model: GroupedModel, clients, recipe: GroupedRecipe):
         used = sorted({c.model_group for c in clients})
         self.counts = {str(g): parameter_counts(m, r)
                        for g, (m, r) in enumerate(zip(model.groups, recipe.recipes))}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedtune_app.config import parse_faults
+from fedtune_app.config import RunConfig, parse_faults
 
 FLIP_SCALE = 100.0
 
@@ -32,12 +32,12 @@ class InjectedFault(RuntimeError):
     """The failure a ``raise=<pid>`` item asks for."""
 
 
-def before_training(cfg: dict, partition_id: int) -> None:
+def before_training(cfg: RunConfig, partition_id: int) -> None:
     if parse_faults(cfg.federation.fault_injection).get(partition_id) == "raise":
         raise InjectedFault(f"fault-injection: client {partition_id} fails on purpose")
 
 
-def after_training(cfg: dict, partition_id: int, tensors: dict[str, np.ndarray],
+def after_training(cfg: RunConfig, partition_id: int, tensors: dict[str, np.ndarray],
                    received: dict[str, np.ndarray], server_round: int) -> dict[str, np.ndarray]:
     fault = parse_faults(cfg.federation.fault_injection).get(partition_id)
     if fault == "nan":

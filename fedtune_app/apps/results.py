@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtune_app.config import RunConfig
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.perf import process_stats
 from fedtune_app.apps.plots import plot_partition
@@ -49,13 +50,13 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
-def results_root(cfg: dict) -> Path:
+def results_root(cfg: RunConfig) -> Path:
     folder = cfg.federation.results_dir or os.environ.get("FEDTUNE_RESULTS_DIR") or "results"
     return Path(folder).resolve()
 
 
 class ResultsWriter:
-    def __init__(self, cfg: dict, strategy, clients, metrics: list[dict] = ()):
+    def __init__(self, cfg: RunConfig, strategy, clients, metrics: list[dict] = ()):
         self.cfg, self.strategy = cfg, strategy
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = results_root(cfg) / f"{cfg.method}-seed{cfg.seed}-{stamp}"

@@ -9,6 +9,7 @@ import time
 from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
+from fedtune_app.config import RunConfig
 from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
 from fedtune_app.training.local import check_precision, pick_device
@@ -25,7 +26,7 @@ from fedtune_app.federated.strategy import LayerPlanStrategy, to_record
 log = logging.getLogger("fedtune")
 
 
-def query_nodes(grid: Grid, cfg: dict) -> NodeSet:
+def query_nodes(grid: Grid, cfg: RunConfig) -> NodeSet:
     """Wait for the nodes (key 'min-nodes'; 0 = every partition they declare) and ask each its
     partition, capacity, example count and label counts."""
     nodes = NodeSet()
@@ -33,7 +34,7 @@ def query_nodes(grid: Grid, cfg: dict) -> NodeSet:
     return nodes
 
 
-def run_federation(grid: Grid, cfg: dict) -> str:
+def run_federation(grid: Grid, cfg: RunConfig) -> str:
     """The whole run; returns the results folder."""
     domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))

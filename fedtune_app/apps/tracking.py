@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 
 TRACKERS = ("", "tensorboard", "mlflow", "wandb")
 _PER_GROUP = ("accuracy-per-group", "accuracy-per-model-group")
@@ -51,7 +51,7 @@ class Tracker:
 
 
 class TensorBoardTracker(Tracker):
-    def __init__(self, cfg: dict, folder: Path):
+    def __init__(self, cfg: RunConfig, folder: Path):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(folder / "tensorboard"))
@@ -67,7 +67,7 @@ class TensorBoardTracker(Tracker):
 
 
 class MlflowTracker(Tracker):
-    def __init__(self, cfg: dict, folder: Path):
+    def __init__(self, cfg: RunConfig, folder: Path):
         import mlflow
 
         uri = os.environ.get("MLFLOW_TRACKING_URI") or \
@@ -77,7 +77,7 @@ class MlflowTracker(Tracker):
         experiment_id = experiment.experiment_id if experiment else \
             self.client.create_experiment("fedtune")
         self.run_id = self.client.create_run(experiment_id, run_name=folder.name).info.run_id
-        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in sorted(cfg.items())]
+        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in sorted(cfg.flat.items())]
         self.client.log_batch(self.run_id, params=params)
         self.client.set_tag(self.run_id, "results-folder", str(folder))
 
@@ -93,7 +93,7 @@ class MlflowTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    def __init__(self, cfg: dict, folder: Path):
+    def __init__(self, cfg: RunConfig, folder: Path):
         import wandb
 
         self.run = wandb.init(project="fedtune", name=folder.name, config=cfg, dir=str(folder),
@@ -111,7 +111,7 @@ class WandbTracker(Tracker):
         wandb.teardown()
 
 
-def make_tracker(cfg: dict, folder: Path) -> Tracker | None:
+def make_tracker(cfg: RunConfig, folder: Path) -> Tracker | None:
     kind = cfg.federation.tracker
     if not kind:
         return None

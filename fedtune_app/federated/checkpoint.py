@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy, RoundLog
 
 FILE = "checkpoint.safetensors"
@@ -57,7 +57,7 @@ def _round_from_json(record: dict) -> RoundLog:
 
 
 def save_checkpoint(folder: Path, strategy: LayerPlanStrategy, metrics: list[dict],
-                    cfg: dict) -> Path:
+                    cfg: RunConfig) -> Path:
     from safetensors.numpy import save_file
 
     tensors = {f"state/{k}": np.ascontiguousarray(v) for k, v in strategy.state.items()}
@@ -98,12 +98,13 @@ def _read(resume: str) -> tuple[dict[str, np.ndarray], dict]:
     return tensors, meta
 
 
-def resume(strategy: LayerPlanStrategy, cfg: dict) -> list[dict]:
+def resume(strategy: LayerPlanStrategy, cfg: RunConfig) -> list[dict]:
     """Restore ``strategy`` from the checkpoint named by key 'resume' after checking that this
     run is the same run; returns the metrics records of the rounds already done."""
     tensors, meta = _read(cfg.federation.resume)
-    changed = [f"'{k}' = {cfg[k]!r} (checkpoint: {meta['config'].get(k)!r})" for k in cfg
-               if k not in MAY_CHANGE and cfg[k] != meta["config"].get(k)]
+    given = cfg.flat
+    changed = [f"'{k}' = {v!r} (checkpoint: {meta['config'].get(k)!r})" for k, v in given.items()
+               if k not in MAY_CHANGE and v != meta["config"].get(k)]
     if changed:
         raise ConfigError("run-config key 'resume': the stopped run had other settings; "
                           "resuming needs the same values for " + ", ".join(changed))

@@ -59,12 +59,12 @@ def resolve_config(run_config: dict) -> RunConfig:
     return cfg
 
 
-def resolve_client_trains(cfg: dict) -> dict:
+def resolve_client_trains(cfg: RunConfig) -> RunConfig:
     """Key 'client-trains': 'heterotune' -> full where the method can fine-tune fully, else
     adapters; 'full' for a method defined on adapters is refused."""
     can = strategy_class(cfg).full_fine_tuning
     if cfg.adapter.client_trains == "heterotune":
-        return cfg | {"client-trains": "full" if can else "adapters"}
+        return cfg.replace(**{"client-trains": "full" if can else "adapters"})
     if cfg.adapter.client_trains == "full" and not can:
         raise ConfigError(
             f"run-config key 'client-trains' = 'full' with method {cfg.method!r}: it trains "
@@ -77,10 +77,10 @@ def resolve_client_trains(cfg: dict) -> dict:
     return cfg
 
 
-def recipe_for(cfg: dict, group: int | None = None) -> ClientRecipe:
+def recipe_for(cfg: RunConfig, group: int | None = None) -> ClientRecipe:
     return method_of(cfg).recipe(cfg, group)
 
 
-def strategy_class(cfg: dict):
+def strategy_class(cfg: RunConfig):
     method = method_of(cfg)
     return method.group_strategy if num_groups(cfg.model) else method.strategy

@@ -16,7 +16,7 @@ weak devices could reach; each client then trains its whole model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fedtune_app.config import ConfigError, ConfigPart, config_key
+from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.federated.allocation import full_plans, smallest_prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -68,7 +68,7 @@ class AllSmallConfig(ConfigPart):
 
 
 register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1)
-def check_all_small(cfg: dict) -> None:
+def check_all_small(cfg: RunConfig) -> None:
     layers, capacities = cfg.own.all_small_layers, cfg.federation.capacity_list
     if layers > min(capacities):
         raise ConfigError(f"run-config key 'all-small-layers' = {layers} is deeper than the "

@@ -56,7 +56,7 @@ import math
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigError, ConfigPart, config_key
+from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 from fedtune_app.model.adapters import add_trained_module, block_of, names_for_plan
@@ -65,7 +65,7 @@ from fedtune_app.training.recipes import ClientRecipe
 log = logging.getLogger("fedtune")
 
 
-def exit_every(cfg: dict, num_layers: int) -> int:
+def exit_every(cfg: RunConfig, num_layers: int) -> int:
     return cfg.own.depthfl_exit_every or max(1, num_layers // 4)
 
 
@@ -74,7 +74,7 @@ def exit_depths(num_layers: int, k: int) -> tuple[int, ...]:
     return tuple(sorted(set(range(k, num_layers + 1, k)) | {num_layers}))
 
 
-def head_at_own_depth(cfg: dict) -> bool:
+def head_at_own_depth(cfg: RunConfig) -> bool:
     return cfg.own.depthfl_client_depth == "capacity"
 
 

@@ -82,7 +82,7 @@ import torch
 from torch import nn
 
 from fedtune_app.model.adapters import add_trained_module, block_of, load_state, names_for_plan
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.splits import domain_list, proxy_indices, run_splits
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import to_device, train_local
@@ -108,7 +108,7 @@ class Brick(nn.Module):
         return x * torch.softmax(x1, dim=-1) + x2 + x
 
 
-def brick_domains(cfg: dict) -> list[str]:
+def brick_domains(cfg: RunConfig) -> list[str]:
     """One BRICK group per domain when clients are split by domain, else one for all."""
     domains = domain_list(cfg.data)
     if not domains or not cfg.data.partitioner.startswith("domain"):

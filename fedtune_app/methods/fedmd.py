@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedtune_app.config import RunConfig
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.data.splits import public_split, run_num_classes, run_splits
 from fedtune_app.training.distill import (DistillConfig, consensus, digest_loss, distill,
@@ -41,7 +42,7 @@ from fedtune_app.methods.registry import register_method
 CONSENSUS = "fedmd.consensus"
 
 
-def public_set(cfg: dict):
+def public_set(cfg: RunConfig):
     return public_split(cfg.held_out, run_splits(cfg))[1]
 
 

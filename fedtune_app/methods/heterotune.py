@@ -61,13 +61,13 @@ from fedtune_app.model.backbones import build_backbone
 from fedtune_app.data.groups import group_depths, num_groups, prefix
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import ConfigPart, config_key
+from fedtune_app.config import ConfigPart, RunConfig, config_key
 from fedtune_app.methods.registry import register_method
 
 SHARE = "share.adapter."
 
 
-def share_positions(cfg: dict) -> int:
+def share_positions(cfg: RunConfig) -> int:
     return cfg.own.heterotune_share_positions or min(group_depths(cfg))
 
 
@@ -142,7 +142,7 @@ def fused_inference(model: nn.Module):
             m.fused = False
 
 
-def attach_fedadapters(model, cfg: dict, group: int):
+def attach_fedadapters(model, cfg: RunConfig, group: int):
     """FedAdapters on every block's ``adapter-modules`` (in place); trainable: the local
     adapters, branch weights, head and share branch ``group``."""
     m, r, positions = num_groups(cfg.model), cfg.adapter.lora_r, share_positions(cfg)
@@ -163,7 +163,7 @@ def attach_fedadapters(model, cfg: dict, group: int):
     return model
 
 
-def is_fixed_branch(name: str, cfg: dict) -> bool:
+def is_fixed_branch(name: str, cfg: RunConfig) -> bool:
     """A branch weight a_i under Table 4's "w/o LW" ablation: fixed at 1/M."""
     return name.endswith(".adapter.branch") and not cfg.own.heterotune_learnable_weights
 

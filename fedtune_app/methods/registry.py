@@ -85,7 +85,7 @@ def register_method(name: str, *, strategy: type | None = None,
                            objective)
 
 
-def method_of(cfg: dict) -> Method:
+def method_of(cfg: RunConfig) -> Method:
     if cfg.method not in METHODS:
         raise ConfigError(f"run-config key 'method' = {cfg.method!r} is not allowed;"
                           f"{did_you_mean(cfg.method, METHODS)} "

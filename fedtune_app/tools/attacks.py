@@ -48,7 +48,7 @@ from safetensors.numpy import load_file
 from fedtune_app.apps.evaluation import build_global
 from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
 from fedtune_app.apps.server import run_federation
-from fedtune_app.config import RobustConfig, setup_logging
+from fedtune_app.config import RobustConfig, RunConfig, setup_logging
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
@@ -173,7 +173,7 @@ class AttackGrid(InProcessGrid):
     """The in-process grid; after every client trained, the attackers' replies are replaced by
     the crafted ones (full knowledge of the round's honest updates)."""
 
-    def __init__(self, client_app, node_configs, run_config, cfg: dict, attack: str,
+    def __init__(self, client_app, node_configs, run_config, cfg: RunConfig, attack: str,
                  attackers: list[int], z: float = 1.5, epsilon: float = 2.0):
         super().__init__(client_app, node_configs, run_config)
         self.cfg, self.attack, self.attackers = cfg, attack, attackers

@@ -101,7 +101,7 @@ def run_key(keys: dict) -> dict:
     from fedtune_app.methods import resolve_config
 
     cfg = resolve_config(keys)
-    return {k: v for k, v in sorted(cfg.items())
+    return {k: v for k, v in sorted(cfg.flat.items())
             if k not in BOOKKEEPING and not (k in KEYS and v == KEYS[k].default)}
 
 

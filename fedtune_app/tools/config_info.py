@@ -16,7 +16,7 @@ import torch
 from flwr.common.config import parse_config_args
 
 from fedtune_app.apps.evaluation import parameter_counts
-from fedtune_app.config import app_defaults
+from fedtune_app.config import RunConfig, app_defaults
 from fedtune_app.data.groups import group_config, group_specs
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.data.splits import run_num_classes
@@ -35,7 +35,7 @@ PAPER_TABLE2 = {"meta-llama/Llama-3.2-1B": (1236.58, 50.33),
                 "meta-llama/Llama-3.2-3B": (3212.75, 117.44)}
 
 
-def parameter_table(cfg: dict) -> list[dict]:
+def parameter_table(cfg: RunConfig) -> list[dict]:
     """Table 2 of a run config without any weights (architectures on the meta device)."""
     rows = []
     for g, spec in enumerate(group_specs(cfg.model)):
@@ -48,7 +48,7 @@ def parameter_table(cfg: dict) -> list[dict]:
     return rows
 
 
-def print_parameter_table(cfg: dict) -> None:
+def print_parameter_table(cfg: RunConfig) -> None:
     print(f"method {cfg.method}, client-trains {cfg.adapter.client_trains}, "
           f"r = {cfg.adapter.lora_r}, adapter-modules {cfg.adapter.adapter_modules}")
     print("| group | model | full fine-tuning (M) | trained & sent (M) | received (M) | "

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigError, setup_logging
+from fedtune_app.config import ConfigError, RunConfig, setup_logging
 from fedtune_app.data.groups import group_config, group_of_name, group_specs, prefix
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.methods import method_of
@@ -97,7 +97,7 @@ def load_run(folder: Path) -> tuple[dict, dict[str, np.ndarray], list[dict]]:
     return cfg, load_file(str(folder / "state.safetensors")), metrics
 
 
-def group_states(cfg: dict, state: dict[str, np.ndarray]) -> dict[int | None, dict]:
+def group_states(cfg: RunConfig, state: dict[str, np.ndarray]) -> dict[int | None, dict]:
     """group -> its tensors with model-parameter names (None: a single-model run)."""
     if not group_specs(cfg.model):
         return {None: state}
@@ -268,7 +268,7 @@ def set_class_names(library: nn.Module, class_names: list[str]) -> None:
         config.label2id = {name: i for i, name in enumerate(class_names)}
 
 
-def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: dict):
+def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: RunConfig):
     """A real peft model of the base library model holding the run's LoRA tensors and head."""
     from peft import LoraConfig, get_peft_model
 
@@ -314,7 +314,7 @@ def base_name(spec: ModelSpec) -> str:
 _PREDICTING_EXTRAS = (".adapter.",)
 
 
-def export_group(cfg: dict, state: dict[str, np.ndarray], out: Path, merge: bool,
+def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge: bool,
                  class_names: list[str], extras_ok: bool = False) -> dict:
     """One model's export into ``out``; returns what the model card lists."""
     if cfg.adapter.client_trains == "full":
@@ -436,12 +436,12 @@ def loaders(info: dict, where: str, max_length: int) -> list[str]:
     return lines
 
 
-def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge: bool,
+def model_card(cfg: RunConfig, metrics: list[dict], groups: dict, folder: Path, merge: bool,
                class_names: list[str]) -> str:
     evaluated = [m for m in metrics if m.get("accuracy") is not None]
     last = evaluated[-1] if evaluated else {}
     accuracy = f"{100 * last['accuracy']:.2f}% (round {last['round']})" if last else "not evaluated"
-    overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.items())
+    overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.flat.items())
                          if k != "results-dir")
     lines = [f"# fedtune export: {cfg.method} on {cfg.data.dataset}", "",
              f"- method: `{cfg.method}`, adapter `{cfg.adapter.adapter}` on "
@@ -465,7 +465,7 @@ def model_card(cfg: dict, metrics: list[dict], groups: dict, folder: Path, merge
     return "\n".join(lines)
 
 
-def run_class_names(folder: Path, cfg: dict) -> list[str]:
+def run_class_names(folder: Path, cfg: RunConfig) -> list[str]:
     """The class names the run recorded (its config.json), else the data set's."""
     recorded = json.loads((folder / "config.json").read_text()).get("class-names")
     return list(recorded) if recorded else class_names_of(cfg.data)
