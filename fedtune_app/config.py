@@ -248,7 +248,7 @@ class TrainingConfig(ConfigPart):
     fedprox_mu: float = config_key(0.01, minimum=0, help=
         "FedProx proximal weight mu (local-objective = fedprox)")
     feddyn_alpha: float = config_key(0.1, minimum=1e-06, help=
-        "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses 'depthfl-feddyn-alpha')")
+        "FedDyn alpha (local-objective = feddyn; a method with its own FedDyn has its own key)")
 
 
 @dataclass(frozen=True)
