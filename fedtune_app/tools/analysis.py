@@ -3,7 +3,7 @@
     runs = load_runs("results/")                 # every results folder under the given paths
     rounds_table(runs)                           # one row per (run, round)
     groups_table(runs)                           # one row per (run, group), final evaluation
-    table = paper_table(runs)  # mean (± std over seeds) per method and group
+    table = paper_table(runs)                    # mean (± std over seeds) per method and group
     print(table.to_markdown())                   # best non-proposed underlined, deltas in ()
 
 Runs are grouped by ``method`` and ``scenario``; seeds are repetitions. The scenario of a run is
