@@ -50,3 +50,4 @@ def test_the_check_sees_a_leak():
     assert re.search(r"[\"'.]depthfl[\"'\s,)]", sample)
     assert re.search(r"[\"'.]depthfl_exit_every[\"'\s,)]", sample + " ")
     assert "depthfl-exit-every" in KEYS and KEY_OWNERS["depthfl-exit-every"] == "method depthfl"
+
