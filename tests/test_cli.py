@@ -1,6 +1,5 @@
 """The `fedtune` command: what a user who mistypes a value sees."""
 
-
 from fedtune_app.tools.cli import main
 
 
