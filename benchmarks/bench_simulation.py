@@ -45,7 +45,7 @@ def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from inprocess import InProcessGrid, simulation_nodes
 
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.config import app_defaults
     from fedtune_app.methods import resolve_config
     from fedtune_app.apps.server import run_federation

@@ -234,7 +234,7 @@ SAME_WIDTH = TWO_GROUPS | {
 
 def run_recording(keys, tmp_path):
     """Run in process; returns (results folder, train messages sent, replies per round)."""
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.apps.server import run_federation

@@ -230,7 +230,7 @@ def test_exits_on_a_real_model_see_their_prefix_and_the_ensemble_averages_them()
 
 @pytest.mark.parametrize("method", ["inclusivefl", "depthfl"])
 def test_two_rounds_end_to_end(method, tmp_path):
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.apps.server import run_federation
 

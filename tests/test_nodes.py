@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.server import run_federation
 from fedtune_app.federated import nodes as nodes_module
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid, error_text, match_replies

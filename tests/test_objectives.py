@@ -160,7 +160,7 @@ def test_depthfl_keys_and_contradiction():
 
 
 def test_fedra_with_feddyn_end_to_end(tmp_path):
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.apps.server import run_federation
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.evaluation import GlobalEvaluator, build_global
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError
