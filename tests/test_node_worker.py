@@ -54,13 +54,15 @@ def test_the_authkey_file_must_be_private(tmp_path):
 
 
 def query_message(node_config: dict):
-    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.app import Context, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
+
+    from fedtune_app.federated import wire
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
     context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
                       run_config={"preset": "smoke"})
-    msg = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
+    msg = wire.query_message(5)
     msg.metadata.__dict__["_message_id"] = "q"
     return msg, context
 
@@ -130,10 +132,9 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
 
 
 def train_message(cfg: dict, plan: tuple, server_round: int):
-    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-
     from fedtune_app.data.splits import run_num_classes
-    from fedtune_app.federated.strategy import to_record
+    from fedtune_app.federated.records import to_record
+    from fedtune_app.federated.wire import TrainTask
     from fedtune_app.methods import recipe_for
     from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.model.backbones import ModelSpec, build_skeleton
@@ -142,8 +143,7 @@ def train_message(cfg: dict, plan: tuple, server_round: int):
                                      backbone=build_skeleton)
     state = initial_state(skeleton, server_round)  # stands for the server's global state
     payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
-    msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
-        {"layers": list(plan), "server-round": server_round})}), 5, MessageType.TRAIN)
+    msg = TrainTask(payload, tuple(plan), server_round).to_message(5)
     msg.metadata.__dict__["_message_id"] = f"t{server_round}"
     return msg
 
