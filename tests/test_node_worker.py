@@ -104,6 +104,7 @@ def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[st
 def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
                                                                           worker):
     from fedtune_app.apps.client import handle_query
+    from fedtune_app.federated.wire import NodeAnswer
 
     proc, sock, key, log = worker
     before = len(served_by(log))
@@ -114,8 +115,8 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
     reply = delegate("query", msg, context)
     assert reply is not None and reply.metadata.reply_to_message_id == "q"
     here = handle_query(*query_message(node))
-    assert dict(reply.content["info"]) == dict(here.content["info"])
-    assert reply.content["info"]["capacity"] == 2
+    assert NodeAnswer.from_message(reply) == NodeAnswer.from_message(here)
+    assert NodeAnswer.from_message(reply).capacity == 2
     # a ClientApp with another key is refused (and the worker keeps serving)
     other = tmp_path / "other.key"
     read_authkey(other, create=True)
