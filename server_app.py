@@ -1,18 +1,6 @@
-"""fedtune ServerApp: read the run config, run the chosen method, write the results folder."""
+"""fedtune ServerApp, as pyproject names it (``serverapp = "server_app:app"``); the app itself
+lives in ``fedtune_app.apps.server_app``."""
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
+from fedtune_app.apps.server_app import app
 
-from fedtune_app.config import setup_logging
-from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
-
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    setup_logging()
-    cfg = resolve_config(context.run_config)  # bad config stops here, before any training
-    folder = run_federation(grid, cfg)
-    print(f"RESULTS {folder}", flush=True)
+__all__ = ["app"]  # Flower finds the app by reading this file, not by importing it

@@ -19,7 +19,7 @@ import argparse
 from common import save, table
 
 import numpy as np  # noqa: E402
-from flwr.app import Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import Message  # noqa: E402
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
@@ -30,6 +30,7 @@ from fedtune_app.methods import resolve_config  # noqa: E402
 from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import METHODS  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo, from_record, to_record  # noqa: E402
+from fedtune_app.federated.wire import TrainReply, TrainTask  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 
@@ -54,17 +55,16 @@ def measure(job: str) -> dict:
     messages = strategy.configure_train(1, to_record(strategy.state), None, grid=None)
     rows = []
     for client, msg in zip(clients, messages):
-        plan = tuple(msg.content["config"]["layers"])
-        tensors = from_record(msg.content["arrays"])
+        task = TrainTask.from_message(msg)
+        plan, tensors = task.layers, from_record(task.arrays)
         needed = sum(4 * v.size for v in tensors.values())
         sub = model.subnetwork(plan)
         frozen = sum(4 * t.numel() for t in sub.state_dict().values())
         # the client's reply: the same tensors (trained) and its metrics, as handle_train builds it
         trained = {n: v + 1 for n, v in tensors.items()}
-        reply = Message(RecordDict({"arrays": to_record(trained), "metrics": MetricRecord(
-            {"num-examples": 100, "train-loss": 1.0, "fit-seconds": 1.0, "train-seconds": 1.0,
-             "pid": 1, "peak-rss-mb": 1.0, "torch-threads": 1, "backbone-builds": 1})}),
-            reply_to=msg)
+        reply = TrainReply(to_record(trained), 100, 1.0, {
+            "fit-seconds": 1.0, "train-seconds": 1.0, "pid": 1, "peak-rss-mb": 1.0,
+            "torch-threads": 1, "backbone-builds": 1}).to_message(msg)
         down, up = wire_bytes(msg), wire_bytes(reply)
         rows.append({"client": client.partition_id, "layers": len(plan), "needed B": needed,
                      "down B": down, "up B": up, "down overhead": down / needed - 1,

@@ -309,7 +309,6 @@ def main() -> None:
         print(json.dumps(rounds_child(args.rounds_child)))
         return
 
-    sys.path.insert(0, str(ROOT))
     from common import save, table
 
     checkouts = {"after": ROOT} | ({"before": Path(args.before)} if args.before else {})

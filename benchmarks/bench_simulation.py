@@ -39,13 +39,9 @@ JOBS = {"default": DEFAULT_JOB, "smoke": SMOKE_JOB, "vit-b-gpu": GPU_JOB, "vit-b
 
 
 def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
-    """The same federation through tests/inprocess.py's Grid (no Ray, no SuperLink)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from inprocess import InProcessGrid, simulation_nodes
-
-    from client_app import app as client_app
+    """The same federation through the in-process Grid (no Ray, no SuperLink)."""
+    from fedtune_app.apps.client_app import app as client_app
+    from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.config import app_defaults
     from fedtune_app.methods import resolve_config
     from fedtune_app.apps.server import run_federation

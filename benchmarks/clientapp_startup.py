@@ -121,13 +121,12 @@ def message_child(preset: str, message: str, node_config: str) -> dict:
     from flwr.proto.message_pb2 import Message as MessageProto
     from flwr.supercore.task_identity import TaskIdentity
 
-    import client_app
+    from client_app import app  # the deployed import path: the top-level shim
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
     proto = MessageProto()
     proto.ParseFromString(Path(message).read_bytes())
-    reply = client_app.train(message_from_proto(proto),
-                             node_context(preset, json.loads(node_config)))
+    reply = app(message_from_proto(proto), node_context(preset, json.loads(node_config)))
     return {"fit-seconds": float(reply.content["metrics"]["fit-seconds"]),
             "pid": int(reply.content["metrics"]["pid"])}
 

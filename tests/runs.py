@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.methods import resolve_config
 from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes

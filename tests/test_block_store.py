@@ -161,7 +161,7 @@ def test_node_declaring_too_little_memory_fails_the_start_up_query(tmp_path):
     node declaring memory-mb=1 is refused at the start-up query, naming the knob."""
     from inprocess import InProcessGrid
 
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.server import run_federation
     from fedtune_app.methods import resolve_config
 

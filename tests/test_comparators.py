@@ -234,11 +234,12 @@ SAME_WIDTH = TWO_GROUPS | {
 
 def run_recording(keys, tmp_path):
     """Run in process; returns (results folder, train messages sent, replies per round)."""
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.apps.server import run_federation
     from fedtune_app.federated.strategy import from_record
+    from fedtune_app.federated.wire import TrainReply, TrainTask
 
     rc = {**keys, "results-dir": str(tmp_path)}
     cfg = resolve_config(rc)
@@ -246,9 +247,9 @@ def run_recording(keys, tmp_path):
 
     def record(msg, reply):
         if msg.metadata.message_type == "train":
-            round_ = int(msg.content["config"]["server-round"])
-            examples = int(reply.content["metrics"]["num-examples"])
-            replies.setdefault(round_, []).append((from_record(reply.content["arrays"]), examples))
+            answer = TrainReply.from_message(reply)
+            replies.setdefault(TrainTask.from_message(msg).server_round, []).append(
+                (from_record(answer.arrays), int(answer.num_examples)))
         return reply
 
     n = num_clients(cfg)
@@ -276,8 +277,7 @@ def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
     round1 = [t[CONSENSUS] for t, _ in replies[1]]
     assert all(s.shape == shape for s in round1) and len(round1) == 4
     # round 2 sends every client the plain mean of the round-1 scores
-    sent2 = [from_message(m)[CONSENSUS] for m in train
-             if int(m.content["config"]["server-round"]) == 2]
+    sent2 = [from_message(m)[CONSENSUS] for m in train if task(m).server_round == 2]
     for sent in sent2:
         assert_rounded_mean(sent, round1)
     assert_rounded_mean(state[CONSENSUS], [t[CONSENSUS] for t, _ in replies[2]])
@@ -287,17 +287,22 @@ def test_fedmd_two_rounds_consensus_is_the_mean_of_the_scores(tmp_path):
     assert metrics[0]["bytes-down"] >= sum(4 * n + scores_bytes for n in params.values())
     assert metrics[0]["bytes-up"] >= sum(4 * n + scores_bytes for n in params.values())
     # ... plus each Array's own metadata (name, dtype, shape), well under 256 bytes
-    arrays = sum(len(m.content["arrays"]) for m in train
-                 if int(m.content["config"]["server-round"]) == 1)
+    arrays = sum(len(task(m).arrays) for m in train if task(m).server_round == 1)
     assert metrics[0]["bytes-down"] < sum(4 * n + scores_bytes for n in params.values()) + \
         256 * arrays
     assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
 
 
+def task(msg):
+    from fedtune_app.federated.wire import TrainTask
+
+    return TrainTask.from_message(msg)
+
+
 def from_message(msg):
     from fedtune_app.federated.strategy import from_record
 
-    return from_record(msg.content["arrays"])
+    return from_record(task(msg).arrays)
 
 
 def test_flexifed_two_rounds_shares_the_common_prefix_only(tmp_path):

@@ -10,6 +10,7 @@ import torch
 
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.wire import TrainTask
 from fedtune_app.model.backbones import build_backbone
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
@@ -231,7 +232,7 @@ def test_exits_on_a_real_model_see_their_prefix_and_the_ensemble_averages_them()
 
 @pytest.mark.parametrize("method", ["inclusivefl", "depthfl"])
 def test_two_rounds_end_to_end(method, tmp_path):
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.apps.server import run_federation
 
@@ -248,7 +249,7 @@ def test_two_rounds_end_to_end(method, tmp_path):
     allocation = json.loads((folder / "allocation.json").read_text())
     assert allocation[0]["matrix"] == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]  # 4,2,1: prefix
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
-    sent_to_smallest = set(train[2].content["arrays"])  # partition 2, capacity 1
+    sent_to_smallest = set(TrainTask.from_message(train[2]).arrays)  # partition 2, capacity 1
     blocks = {n.split(".")[1] for n in sent_to_smallest if n.startswith("blocks.")}
     assert blocks == {"0"}
     if method == "depthfl":  # smoke: 4 blocks -> auto k = 1, exits after 1, 2, 3 and the head

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import app_defaults
 from fedtune_app.methods import resolve_config
 from fedtune_app.apps.server import run_federation
+from fedtune_app.federated.wire import TrainReply, TrainTask
 from inprocess import InProcessGrid, simulation_nodes
 from runs import assert_accuracy_counts_the_test_set
 
@@ -59,8 +60,8 @@ def test_two_rounds_write_the_results_folder_and_send_only_planned_tensors(tmp_p
     train_msgs = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert len(train_msgs) == 6
     for msg in train_msgs:
-        plan = set(msg.content["config"]["layers"])
-        names = set(msg.content["arrays"])
+        task = TrainTask.from_message(msg)
+        plan, names = set(task.layers), set(task.arrays)
         assert {"head.weight", "head.bias"} <= names
         blocks = {int(n.split(".")[1]) for n in names if n.startswith("blocks.")}
         assert blocks == plan
@@ -68,12 +69,12 @@ def test_two_rounds_write_the_results_folder_and_send_only_planned_tensors(tmp_p
         # 4 LoRA tensors per planned block, r=8 on the last FC of both sublayers: the token
         # MLP's fc2 (16 -> 16 patches): 8*16 + 16*8, the channel MLP's fc2 (128 -> 32):
         # 8*128 + 32*8 floats
-        n_floats = sum(a.numpy().size for a in msg.content["arrays"].values())
+        n_floats = sum(a.numpy().size for a in task.arrays.values())
         assert n_floats == len(plan) * (8 * 16 + 16 * 8 + 8 * 128 + 32 * 8) + 32 * 10 + 10
 
     # bytes-down = what the ArrayRecords count, and at least the raw float32 payload
     # (plus each Array's own metadata: its name, dtype and shape, well under 256 bytes)
-    arrays = [a for m in train_msgs[:3] for a in m.content["arrays"].values()]
+    arrays = [a for m in train_msgs[:3] for a in TrainTask.from_message(m).arrays.values()]
     raw_bytes = sum(a.numpy().nbytes for a in arrays)
     assert raw_bytes <= metrics[0]["bytes-down"] <= raw_bytes + 256 * len(arrays)
 
@@ -98,7 +99,7 @@ def test_a_client_that_fails_is_rejected_and_the_round_goes_on(tmp_path):
     def corrupt(msg, reply):
         if msg.metadata.message_type != "train":
             return reply
-        arrays = reply.content["arrays"]
+        arrays = TrainReply.from_message(reply).arrays
         name = next(iter(arrays))
         from flwr.app import Array
         arrays[name] = Array(np.full(arrays[name].shape, np.nan, dtype=np.float32))
@@ -120,5 +121,6 @@ def test_text_model_end_to_end_minilm_on_bbc_news(tmp_path):
     metrics = json.loads((folder / "metrics.json").read_text())
     assert len(metrics) == 1
     assert_accuracy_counts_the_test_set(metrics[0], cfg)
-    names = set(next(m for m in grid.sent if m.metadata.message_type == "train").content["arrays"])
+    names = set(TrainTask.from_message(next(m for m in grid.sent
+                                            if m.metadata.message_type == "train")).arrays)
     assert any(n.endswith("output.dense.lora_A.weight") for n in names)

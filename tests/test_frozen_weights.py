@@ -16,7 +16,7 @@ from conftest import TINY_VIT
 from inprocess import InProcessGrid
 from safetensors.torch import save_file
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.model.frozen_weights import ensure_checkpoint, with_checkpoint
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config

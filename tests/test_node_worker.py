@@ -54,13 +54,15 @@ def test_the_authkey_file_must_be_private(tmp_path):
 
 
 def query_message(node_config: dict):
-    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.app import Context, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
+
+    from fedtune_app.federated import wire
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
     context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
                       run_config={"preset": "smoke"})
-    msg = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), 5, MessageType.QUERY)
+    msg = wire.query_message(5)
     msg.metadata.__dict__["_message_id"] = "q"
     return msg, context
 
@@ -102,6 +104,7 @@ def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[st
 def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
                                                                           worker):
     from fedtune_app.apps.client import handle_query
+    from fedtune_app.federated.wire import NodeAnswer
 
     proc, sock, key, log = worker
     before = len(served_by(log))
@@ -112,8 +115,8 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
     reply = delegate("query", msg, context)
     assert reply is not None and reply.metadata.reply_to_message_id == "q"
     here = handle_query(*query_message(node))
-    assert dict(reply.content["info"]) == dict(here.content["info"])
-    assert reply.content["info"]["capacity"] == 2
+    assert NodeAnswer.from_message(reply) == NodeAnswer.from_message(here)
+    assert NodeAnswer.from_message(reply).capacity == 2
     # a ClientApp with another key is refused (and the worker keeps serving)
     other = tmp_path / "other.key"
     read_authkey(other, create=True)
@@ -130,10 +133,9 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
 
 
 def train_message(cfg: dict, plan: tuple, server_round: int):
-    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-
     from fedtune_app.data.splits import run_num_classes
-    from fedtune_app.federated.strategy import to_record
+    from fedtune_app.federated.records import to_record
+    from fedtune_app.federated.wire import TrainTask
     from fedtune_app.methods import recipe_for
     from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.model.backbones import ModelSpec, build_skeleton
@@ -142,8 +144,7 @@ def train_message(cfg: dict, plan: tuple, server_round: int):
                                      backbone=build_skeleton)
     state = initial_state(skeleton, server_round)  # stands for the server's global state
     payload = to_record({n: state[n] for n in names_for_plan(state, plan)})
-    msg = Message(RecordDict({"arrays": payload, "config": ConfigRecord(
-        {"layers": list(plan), "server-round": server_round})}), 5, MessageType.TRAIN)
+    msg = TrainTask(payload, tuple(plan), server_round).to_message(5)
     msg.metadata.__dict__["_message_id"] = f"t{server_round}"
     return msg
 

@@ -11,12 +11,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
+from flwr.app import Error, Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.server import run_federation
 from fedtune_app.federated import nodes as nodes_module
+from fedtune_app.federated.wire import TrainTask, query_message
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid, error_text, match_replies
 from fedtune_app.methods import resolve_config
 from inprocess import InProcessGrid
@@ -29,7 +30,7 @@ def node_config(pid: int, num: int = 3, **extra) -> dict:
 
 def sent_message(grid: InProcessGrid, node: int, mid: str) -> Message:
     """A message as the grid leaves it after sending: its id stamped."""
-    msg = Message(RecordDict({"config": ConfigRecord({"want": "info"})}), node, MessageType.QUERY)
+    msg = query_message(node)
     msg.metadata.__dict__["_message_id"] = mid
     return msg
 
@@ -78,7 +79,7 @@ def train_script(grid_class):
             messages = list(messages)
             for m in messages:
                 if m.metadata.message_type == MessageType.TRAIN:
-                    self.script.pop(int(m.content["config"]["server-round"]), lambda g: 0)(self)
+                    self.script.pop(TrainTask.from_message(m).server_round, lambda g: 0)(self)
             return super().push_messages(messages)
 
     return Scripted

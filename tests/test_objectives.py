@@ -16,6 +16,7 @@ from fedtune_app.methods.baselines import AllLarge
 from fedtune_app.methods.inclusivefl import InclusiveFL
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.strategy import ClientInfo, RoundLog
+from fedtune_app.federated.wire import TrainTask
 
 from floats import float32_atol
 
@@ -160,7 +161,7 @@ def test_depthfl_keys_and_contradiction():
 
 
 def test_fedra_with_feddyn_end_to_end(tmp_path):
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
     from fedtune_app.apps.server import run_federation
 
@@ -173,6 +174,6 @@ def test_fedra_with_feddyn_end_to_end(tmp_path):
     # each node keeps h_i for exactly the tensors it was ever sent (random FedRA plans)
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
     for node in grid.node_ids:
-        sent = set().union(*(set(m.content["arrays"]) for m in train
+        sent = set().union(*(set(TrainTask.from_message(m).arrays) for m in train
                              if m.metadata.dst_node_id == node))
         assert set(grid.contexts[node].state["fedra-feddyn-h"]) == sent

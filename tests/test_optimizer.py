@@ -104,7 +104,7 @@ def test_clients_train_at_the_rounds_scheduled_rate(tmp_path):
     import json
     from pathlib import Path
 
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.server import run_federation
     from inprocess import InProcessGrid, simulation_nodes
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.evaluation import GlobalEvaluator, build_global
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError
@@ -20,6 +20,7 @@ from fedtune_app.data.scenarios import check_scenario, client_capacities
 from fedtune_app.data.splits import Examples
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.strategy import ClientInfo, RoundLog, from_record
+from fedtune_app.federated.wire import TrainReply, TrainTask
 from fedtune_app.methods import resolve_config
 from fedtune_app.methods.depthfl import DepthFL, consistency_weight, self_distillation_loss
 from fedtune_app.methods.fedbrick import FedBRICK, initial_bricks
@@ -214,7 +215,7 @@ def test_fedbrick_first_round_clients_receive_distilled_bricks(tmp_path):
           "fedbrick-server-epochs": 1, "results-dir": str(tmp_path)}
     grid = InProcessGrid(client_app, simulation_nodes(2), rc)
     folder = Path(run_federation(grid, resolve_config(rc)))
-    sent = [from_record(m.content["arrays"]) for m in grid.sent
+    sent = [from_record(TrainTask.from_message(m).arrays) for m in grid.sent
             if m.metadata.message_type == "train"]
     # the same distillation, run again from the initial state: the BRICKs of round 1
     cfg = resolve_config(rc)
@@ -291,7 +292,7 @@ def test_official_fedra_batch_cap_and_unweighted_means(tmp_path):
 
     def keep(msg, reply):
         if msg.metadata.message_type == "train":
-            replies[msg.metadata.dst_node_id] = from_record(reply.content["arrays"])
+            replies[msg.metadata.dst_node_id] = from_record(TrainReply.from_message(reply).arrays)
         return reply
 
     rc = {"preset": "smoke", "method": "all-large", "num-server-rounds": 1, "train-subset": 150,
@@ -303,7 +304,7 @@ def test_official_fedra_batch_cap_and_unweighted_means(tmp_path):
                 ["clients"]]
     assert len(set(examples)) > 1  # unequal clients: weighted and unweighted means differ
     cap = math.ceil(min(examples) / 32) + 1
-    assert {m.content["config"]["max-batches"] for m in grid.sent
+    assert {TrainTask.from_message(m).max_batches for m in grid.sent
             if m.metadata.message_type == "train"} == {cap}
     from safetensors.numpy import load_file
     state = load_file(str(folder / "state.safetensors"))

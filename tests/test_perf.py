@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps import client
 from fedtune_app.model.backbones import BUILDS
 from fedtune_app.config import app_defaults

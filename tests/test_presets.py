@@ -125,7 +125,7 @@ def test_pretrained_checkpoint_is_what_the_backbone_loads(checkpoints):
 
 @pytest.mark.parametrize("name", OFFLINE)
 def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
-    from client_app import app as client_app
+    from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.server import run_federation
 
     preset = resolve_config({"preset": name})

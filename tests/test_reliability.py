@@ -3,10 +3,11 @@ touches the global state; the round aggregates the others; too few valid replies
 previous state. Every case runs the real ClientApp through the in-process grid."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.model.backbones import ModelSpec, build_backbone
@@ -14,7 +15,9 @@ from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import run_num_classes
 from fedtune_app.apps.faults import parse_faults
-from fedtune_app.federated.strategy import from_record, to_record
+from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import (ARRAYS, METRICS, NUM_EXAMPLES, TRAIN_LOSS, TrainReply,
+                                        TrainTask)
 from runs import TINY, assert_same_tensors, final_state, run
 
 
@@ -30,21 +33,23 @@ def drop(msg, reply):  # a crashed, stalled or disconnected node: no reply withi
 
 def rebuilt(msg, reply, tensors=None, **metrics):
     """The client's reply with its tensors and/or metrics replaced."""
-    tensors = from_record(reply.content["arrays"]) if tensors is None else tensors
-    content = RecordDict({"arrays": to_record(tensors),
-                          "metrics": MetricRecord(dict(reply.content["metrics"]) | metrics)})
-    return Message(content, reply_to=msg)
+    sent = TrainReply.from_message(reply)
+    tensors = from_record(sent.arrays) if tensors is None else tensors
+    return replace(sent, arrays=to_record(tensors),
+                   num_examples=metrics.pop(NUM_EXAMPLES, sent.num_examples),
+                   train_loss=metrics.pop(TRAIN_LOSS, sent.train_loss),
+                   metrics=sent.metrics | metrics).to_message(msg)
 
 
 def changed(fn):
     """A fault that maps every tensor of the reply through ``fn``."""
     return lambda msg, reply: rebuilt(msg, reply, {n: fn(v) for n, v in
-                                                   from_record(reply.content["arrays"]).items()})
+                                                   from_record(reply.content[ARRAYS]).items()})
 
 
 def tensor_of_another_plan(msg, reply):
-    tensors = from_record(reply.content["arrays"])
-    plan = list(msg.content["config"]["layers"])
+    tensors = from_record(reply.content[ARRAYS])
+    plan = list(TrainTask.from_message(msg).layers)
     other = next(j for j in range(4) if j not in plan)
     name = next(n for n in tensors if n.startswith(f"blocks.{plan[0]}."))
     extra = name.replace(f"blocks.{plan[0]}.", f"blocks.{other}.", 1)
@@ -52,8 +57,8 @@ def tensor_of_another_plan(msg, reply):
 
 
 def not_an_array_record(msg, reply):
-    return Message(RecordDict({"arrays": ConfigRecord({"x": 1}),
-                               "metrics": reply.content["metrics"]}), reply_to=msg)
+    return Message(RecordDict({ARRAYS: ConfigRecord({"x": 1}),
+                               METRICS: reply.content[METRICS]}), reply_to=msg)
 
 
 def repeated(msg, reply):  # the first reply counts; a second, very different one is ignored
@@ -76,9 +81,9 @@ CASES = {
     5: (changed(lambda v: v.astype(np.float64)), "dtype float64"),
     6: (changed(lambda v: v.reshape(-1)[:1]), "has shape (1,)"),
     7: (changed(lambda v: np.full_like(v, np.inf)), "NaN or Inf"),
-    8: (lambda msg, reply: rebuilt(msg, reply, **{"num-examples": 10**9}), "exceeds the"),
-    9: (lambda msg, reply: rebuilt(msg, reply, **{"num-examples": 0}), "positive integer"),
-    10: (lambda msg, reply: rebuilt(msg, reply, **{"train-loss": float("nan")}), "train-loss"),
+    8: (lambda msg, reply: rebuilt(msg, reply, **{NUM_EXAMPLES: 10**9}), "exceeds the"),
+    9: (lambda msg, reply: rebuilt(msg, reply, **{NUM_EXAMPLES: 0}), "positive integer"),
+    10: (lambda msg, reply: rebuilt(msg, reply, **{TRAIN_LOSS: float("nan")}), "train-loss"),
     11: (not_an_array_record, "malformed reply (TypeError"),
     12: (repeated, None),
     13: (plus_stray, None),

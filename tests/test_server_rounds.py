@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from client_app import app as client_app
+from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError
 from fedtune_app.federated.checkpoint import FILE

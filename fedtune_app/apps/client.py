@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 
 from fedtune_app.model.adapters import AdapterSpec
 from fedtune_app.model.backbones import ModelSpec
@@ -32,7 +32,9 @@ from fedtune_app.methods import recipe_for
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.model.perf import process_stats
 from fedtune_app.data.scenarios import client_capacities
-from fedtune_app.federated.strategy import from_record, to_record
+from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import (CHECKPOINT_BYTES, FIT_SECONDS, TRAIN_SECONDS, NodeAnswer,
+                                        TrainReply, TrainTask)
 from fedtune_app.training.local import check_precision, pick_device, round_lr
 
 
@@ -132,36 +134,34 @@ def handle_query(msg: Message, context: Context) -> Message:
     if "memory-mb" in context.node_config:  # a device declares how much its model may use
         memory_mb = node_config_int(context.node_config, "memory-mb")
         check_memory(ModelSpec.from_config(cfg.model, run_num_classes(cfg)), capacity, memory_mb)
-    reply = ConfigRecord({"partition-id": pid, "capacity": capacity,
-                          "num-partitions": int(context.node_config["num-partitions"]),
-                          "num-examples": len(examples), "group": data_group,
-                          "label-counts": counts.tolist(), "checkpoint-bytes": fetched,
-                          "model-group": 0 if group is None else group,
-                          "memory-mb": memory_mb})
-    return Message(RecordDict({"info": reply}), reply_to=msg)
+    answer = NodeAnswer(pid, capacity, len(examples), data_group, tuple(counts.tolist()),
+                        fetched, 0 if group is None else group,
+                        int(context.node_config["num-partitions"]), memory_mb)
+    return Message(answer.to_content(), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     cfg, fetched = node_config_of(context)  # 0 bytes unless the cache was lost since the query
     group = node_group(cfg, context)
-    round_ = int(msg.content["config"]["server-round"])
+    task = TrainTask.from_message(msg)
+    round_ = task.server_round
     cfg = group_config(cfg, group).replace(lr=round_lr(cfg, round_))  # this round's rate
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
     recipe = recipe_for(cfg, group)
     model, device = runtime(cfg, recipe, context.node_config)
-    plan = tuple(int(j) for j in msg.content["config"]["layers"])
+    plan = task.layers
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         raise ValueError(f"plan {plan} is not an ascending set of blocks in "
                          f"0..{model.num_blocks - 1}")
     hold_blocks(model, plan)
-    recipe.configure(dict(msg.content["config"]))
+    recipe.configure(task.config())
     # the official FedRA code's per-round cap (``fedra-repo-batch-cap``); |D_i| stays the same
     num_examples = len(examples)
-    examples = replace(examples, max_batches=int(msg.content["config"].get("max-batches", 0)))
+    examples = replace(examples, max_batches=task.max_batches)
     params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
-    received = from_record(msg.content["arrays"])
+    received = from_record(task.arrays)
     if set(received) != set(loaded):
         raise ValueError(f"server sent {len(received)} tensors, the plan {plan} has "
                          f"{len(loaded)} tensors to load: "
@@ -181,8 +181,6 @@ def handle_train(msg: Message, context: Context) -> Message:
     objective.end(params, context)
     updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
                              | recipe.reply(), received, round_)
-    metrics = MetricRecord({"num-examples": num_examples, "train-loss": loss,
-                            "fit-seconds": fit_seconds,
-                            "train-seconds": time.perf_counter() - started,
-                            "checkpoint-bytes": fetched, **process_stats()})
-    return Message(RecordDict({"arrays": to_record(updated), "metrics": metrics}), reply_to=msg)
+    metrics = {FIT_SECONDS: fit_seconds, TRAIN_SECONDS: time.perf_counter() - started,
+               CHECKPOINT_BYTES: fetched, **process_stats()}
+    return TrainReply(to_record(updated), num_examples, loss, metrics).to_message(msg)

@@ -127,19 +127,13 @@ def simulation_nodes(n: int) -> list[dict]:
 
 def run_inprocess(run_config: dict, client_app=None) -> str:
     """One federation of ``len(capacities)`` simulated nodes in this process; returns the results
-    folder. ``client_app`` defaults to the app's own ClientApp (``client_app.py``)."""
+    folder. ``client_app`` defaults to the app's own ClientApp (``fedtune_app.apps.client_app``)."""
     from fedtune_app.methods import resolve_config
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.apps.server import run_federation
 
     if client_app is None:
-        import sys
-        from pathlib import Path
-
-        root = str(Path(__file__).resolve().parents[2])  # client_app.py lives at the top
-        if root not in sys.path:
-            sys.path.insert(0, root)
-        from client_app import app as client_app
+        from fedtune_app.apps.client_app import app as client_app
     cfg = resolve_config(run_config)
     nodes = simulation_nodes(num_clients(cfg))
     return run_federation(InProcessGrid(client_app, nodes, run_config), cfg)

@@ -31,9 +31,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
+
+from fedtune_app.federated.wire import INFO, NodeAnswer, query_message
 
 log = logging.getLogger("fedtune")
 
@@ -60,10 +62,9 @@ class ClientInfo:
 
 def client_info(node_id: int, info) -> ClientInfo:
     """The ``info`` ConfigRecord of a node's query reply."""
-    return ClientInfo(node_id, int(info["partition-id"]), int(info["capacity"]),
-                      int(info["num-examples"]), str(info["group"]), tuple(info["label-counts"]),
-                      int(info.get("checkpoint-bytes", 0)), int(info.get("model-group", 0)),
-                      int(info.get("num-partitions", 0)))
+    a = NodeAnswer.from_record(info)
+    return ClientInfo(node_id, a.partition_id, a.capacity, a.num_examples, a.group,
+                      a.label_counts, a.checkpoint_bytes, a.model_group, a.num_partitions)
 
 
 def error_of(reply: Message) -> dict:
@@ -150,8 +151,7 @@ class NodeSet:
             self.activated[n.node_id] = when
         new = sorted(self.online - self.asked)
         if new:
-            messages = [Message(RecordDict({"config": ConfigRecord({"want": "info"})}), node,
-                                MessageType.QUERY) for node in new]
+            messages = [query_message(node) for node in new]
             for node, mid in zip(new, grid.push_messages(messages)):
                 if mid:
                     self.pending[mid] = node
@@ -175,7 +175,7 @@ class NodeSet:
             self.events.append(why)
             return
         try:
-            info = client_info(node, reply.content["info"])
+            info = client_info(node, reply.content[INFO])
         except (KeyError, TypeError, ValueError) as err:  # a malformed answer refuses the node
             return self.refuse(node, f"its answer is malformed ({err.__class__.__name__}: {err})")
         self.refused.pop(node, None)  # asked again after a restart: judged on this answer

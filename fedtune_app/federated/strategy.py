@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -27,6 +27,7 @@ from fedtune_app.config import RunConfig
 from fedtune_app.federated.objectives import feddyn_server_step
 from fedtune_app.federated.nodes import ClientInfo, NodeSet, error_of, error_text, match_replies
 from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import ARRAYS, METRICS, TRAIN_LOSS, TrainReply, TrainTask
 from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
                                           largest_updates, screen, state_problem)
 
@@ -260,7 +261,7 @@ class LayerPlanStrategy(Strategy):
         self.refresh_clients(grid, entry)
         clients = self.round_clients(self.sample_clients())
         plans = self.plan_round(server_round, clients) if clients else []
-        cap = {"max-batches": m} if (m := self.max_batches()) else {}
+        max_batches = self.max_batches()
         self._sent, self._outbox = {}, []
         messages = []
         for client, plan in zip(clients, plans):
@@ -272,11 +273,9 @@ class LayerPlanStrategy(Strategy):
             entry.nodes[client.partition_id] = client.node_id
             self._sent[client.partition_id] = {n: payload[n]
                                                for n in self.reply_names(client, list(payload))}
-            content = RecordDict({"arrays": record, "config": ConfigRecord(
-                {"layers": list(plan), "server-round": server_round} | cap
-                | self.train_config(client, plan))})
-            messages.append(Message(content=content, message_type=MessageType.TRAIN,
-                                    dst_node_id=client.node_id, group_id=str(server_round)))
+            task = TrainTask(record, tuple(plan), server_round, max_batches,
+                             self.train_config(client, plan))
+            messages.append(task.to_message(client.node_id))
             self._outbox.append((messages[-1], client))
         self.history.append(entry)
         return messages
@@ -306,8 +305,8 @@ class LayerPlanStrategy(Strategy):
                 log.warning("round %d: rejected client %d (node %d): %s", server_round,
                             client.partition_id, client.node_id, problem)
                 continue
-            entry.bytes_up += reply.content["arrays"].count_bytes()
-            entry.client_metrics[client.partition_id] = dict(reply.content["metrics"])
+            entry.bytes_up += reply.content[ARRAYS].count_bytes()
+            entry.client_metrics[client.partition_id] = dict(reply.content[METRICS])
             updates.append(update)
             losses[update.client] = loss
         for pid in entry.plans:
@@ -353,7 +352,7 @@ class LayerPlanStrategy(Strategy):
             log.warning("round %d: %d valid replies < min-valid-replies = %d; the global state "
                         "is unchanged", server_round, len(updates),
                         self.cfg.federation.min_valid_replies)
-        metrics = MetricRecord({"train-loss": entry.train_loss, "valid-replies": len(updates),
+        metrics = MetricRecord({TRAIN_LOSS: entry.train_loss, "valid-replies": len(updates),
                                 "rejected-replies": len(entry.rejected),
                                 "ignored-replies": len(entry.ignored),
                                 "state-updated": int(entry.state_updated)})
@@ -364,11 +363,9 @@ class LayerPlanStrategy(Strategy):
         if reply.has_error():
             return None, None, f"client error: {error_text(reply, client.node_id)}"
         try:  # hostile or broken content: failing to decode it rejects the reply, nothing more
-            arrays, metrics = reply.content["arrays"], reply.content["metrics"]
-            if not isinstance(arrays, ArrayRecord) or not isinstance(metrics, MetricRecord):
-                raise TypeError("expected ArrayRecord 'arrays' and MetricRecord 'metrics'")
-            tensors = from_record(arrays)
-            num_examples, loss = metrics["num-examples"], float(metrics["train-loss"])
+            answer = TrainReply.from_message(reply)
+            tensors = from_record(answer.arrays)
+            num_examples, loss = answer.num_examples, answer.train_loss
         except Exception as err:  # noqa: BLE001 - any decoding failure is the client's fault
             return None, None, f"malformed reply ({err.__class__.__name__}: {err})"
         problem = reply_problem(tensors, self._sent[client.partition_id], num_examples,

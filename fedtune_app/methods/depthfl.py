@@ -58,6 +58,7 @@ from torch import nn
 
 from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.federated.strategy import LayerPlanStrategy
+from fedtune_app.federated.wire import SERVER_ROUND
 from fedtune_app.methods.registry import register_method
 from fedtune_app.model.adapters import add_trained_module, block_of, names_for_plan
 from fedtune_app.training.recipes import ClientRecipe
@@ -184,7 +185,7 @@ class DepthFLRecipe(ClientRecipe):
                 if holds(n, len(plan), model.num_blocks, self.own_depth)}
 
     def loss(self, model, plan, inputs, labels):
-        weight = consistency_weight(int(self.round_config["server-round"]),
+        weight = consistency_weight(int(self.round_config[SERVER_ROUND]),
                                     self.cfg.own.depthfl_consistency_ramp)
         return self_distillation_loss(
             exit_outputs(model, inputs, plan, self.depths(model), self.own_depth), labels, weight)

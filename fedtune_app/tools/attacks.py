@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Message, MessageType
 from flwr.common.config import parse_config_args
 from safetensors.numpy import load_file
 
@@ -52,6 +53,7 @@ from fedtune_app.config import RobustConfig, RunConfig, setup_logging
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply
 from fedtune_app.federated.robust import norm, rms, screen, screen_verdict
 from fedtune_app.methods import resolve_config
 
@@ -188,14 +190,14 @@ class AttackGrid(InProcessGrid):
         if kind == MessageType.QUERY and self.attack == "lie":
             for pid in self.attackers:
                 if pid in replies and replies[pid]:
-                    info = dict(replies[pid][0].content["info"])
-                    info["num-examples"] = LIE_FACTOR * int(info["num-examples"])
-                    replies[pid][0] = renamed(Message(RecordDict({"info": ConfigRecord(info)}),
-                                                      reply_to=by_pid[pid]), replies[pid][0])
+                    answer = NodeAnswer.from_message(replies[pid][0])
+                    lie = replace(answer, num_examples=LIE_FACTOR * answer.num_examples)
+                    replies[pid][0] = renamed(Message(lie.to_content(), reply_to=by_pid[pid]),
+                                              replies[pid][0])
         if kind != MessageType.TRAIN:
             return ids
-        sent = {str(p): from_record(m.content["arrays"]) for p, m in by_pid.items()}
-        trained = {str(p): from_record(r[0].content["arrays"]) for p, r in replies.items()
+        sent = {str(p): from_record(m.content[ARRAYS]) for p, m in by_pid.items()}
+        trained = {str(p): from_record(r[0].content[ARRAYS]) for p, r in replies.items()
                    if r and not r[0].has_error()}
         updates = {c: {n: v.astype(np.float64) - sent[c][n] for n, v in t.items()}
                    for c, t in trained.items()}
@@ -207,13 +209,12 @@ class AttackGrid(InProcessGrid):
         self.crafted.append(crafted)
         for a, tensors in crafted.items():
             old = replies[int(a)][0]
-            metrics = dict(old.content["metrics"])
+            answer = TrainReply.from_message(old)
             if self.attack == "lie":
-                metrics["num-examples"] = LIE_FACTOR * int(metrics["num-examples"])
+                answer = replace(answer, num_examples=LIE_FACTOR * int(answer.num_examples))
             values = {n: (sent[a][n] + d).astype(sent[a][n].dtype) for n, d in tensors.items()}
-            replies[int(a)][0] = renamed(Message(RecordDict(
-                {"arrays": to_record(values), "metrics": MetricRecord(metrics)}),
-                reply_to=by_pid[int(a)]), old)
+            crafted_reply = replace(answer, arrays=to_record(values))
+            replies[int(a)][0] = renamed(crafted_reply.to_message(by_pid[int(a)]), old)
         return ids
 
 
@@ -224,10 +225,7 @@ def drop_training(pids) -> dict:
 
 
 def client_app():
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from client_app import app  # the app's own ClientApp, at the top of the project
+    from fedtune_app.apps.client_app import app  # the app's own ClientApp
 
     return app
 

@@ -1,0 +1,18 @@
+"""fedtune ServerApp: read the run config, run the chosen method, write the results folder."""
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedtune_app.config import setup_logging
+from fedtune_app.methods import resolve_config
+from fedtune_app.apps.server import run_federation
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    setup_logging()
+    cfg = resolve_config(context.run_config)  # bad config stops here, before any training
+    folder = run_federation(grid, cfg)
+    print(f"RESULTS {folder}", flush=True)
