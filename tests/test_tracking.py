@@ -44,7 +44,7 @@ def test_tensorboard_reads_back_every_round(tmp_path, caplog):
 
     seen = []
     with caplog.at_level(logging.INFO, logger="fedtune"), \
-            round_listener(lambda cfg, record: seen.append((cfg["method"], record["round"]))):
+            round_listener(lambda cfg, record: seen.append((cfg.method, record["round"]))):
         folder = run(tmp_path, tracker="tensorboard")
     assert seen == [("fedra", 1), ("fedra", 2)]  # what compare's progress bar counts
     lines = [m for m in caplog.messages if m.startswith("round ")]
