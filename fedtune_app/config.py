@@ -117,6 +117,32 @@ class ModelConfig(ConfigPart):
     model_group_capacities: str = config_key("", help=
         "smallest capacity each model group needs, ascending, comma separated (model-group-assign "
         "= capacity)")
+    # parsed once, here: per model group its values of keys 'model', 'model-args' and
+    # 'model-source' (empty: one model for every client), and how clients get their group
+    groups: tuple[dict, ...] = field(init=False, repr=False, compare=False)
+    group_ratio: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    group_thresholds: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        groups = parse_groups(self)
+        m, ratio, thresholds = len(groups), (), ()
+        if m and self.model_group_assign == "capacity":
+            thresholds = tuple(parse_int_list("model-group-capacities",
+                                              self.model_group_capacities))
+            if len(thresholds) != m or list(thresholds) != sorted(thresholds):
+                raise ConfigError(f"run-config key 'model-group-capacities' = "
+                                  f"{self.model_group_capacities!r}: expected {m} ascending "
+                                  "capacities, one per model group")
+        elif m:
+            ratio = tuple(parse_ratio(self.model_group_ratio, "model-group-ratio")
+                          if self.model_group_ratio else [1] * m)
+            if len(ratio) != m:
+                raise ConfigError(f"run-config key 'model-group-ratio' = "
+                                  f"{self.model_group_ratio!r} has {len(ratio)} parts but "
+                                  f"'model-groups' lists {m} groups")
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "group_ratio", ratio)
+        object.__setattr__(self, "group_thresholds", thresholds)
 
 
 @dataclass(frozen=True)
@@ -248,7 +274,7 @@ class TrainingConfig(ConfigPart):
     fedprox_mu: float = config_key(0.01, minimum=0, help=
         "FedProx proximal weight mu (local-objective = fedprox)")
     feddyn_alpha: float = config_key(0.1, minimum=1e-06, help=
-        "FedDyn alpha (local-objective = feddyn; DepthFL's own FedDyn uses 'depthfl-feddyn-alpha')")
+        "FedDyn alpha (local-objective = feddyn; a method with its own FedDyn has its own key)")
 
 
 @dataclass(frozen=True)
@@ -487,6 +513,41 @@ def load_preset(name: str) -> dict[str, Any]:
         values = tomllib.load(f)
     _check_known(values, f"preset {path.name}")
     return values
+
+
+def parse_ratio(text: str, key: str = "capacity-ratio") -> list[int]:
+    """'3:3:2:2' -> [3, 3, 2, 2] (non-negative, not all zero)."""
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(":") if v]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0 or sum(values) == 0:
+        raise ConfigError(f"run-config key '{key}' = {text!r}: expected non-negative "
+                          "integers separated by ':', e.g. '3:3:2:2'")
+    return values
+
+
+def parse_groups(model: "ModelConfig") -> tuple[dict, ...]:
+    """Per group: its values of the keys 'model', 'model-args', 'model-source' (() = no groups).
+    The number of groups is the longest of the three lists; a one-entry list serves all."""
+    keys = {"model": "model-groups", "model-args": "model-group-args",
+            "model-source": "model-group-sources"}
+    given = {"model": model.model_groups, "model-args": model.model_group_args,
+             "model-source": model.model_group_sources}
+    single = {"model": model.model, "model-args": model.model_args,
+              "model-source": model.model_source}
+    lists = {k: [p.strip() for p in text.split(";")] if text.strip() else []
+             for k, text in given.items()}
+    if not lists["model"]:
+        return ()
+    count = max(len(v) for v in lists.values())
+    for k, values in lists.items():
+        if len(values) not in (0, 1, count):
+            raise ConfigError(f"run-config key '{keys[k]}' = {given[k]!r} has {len(values)} "
+                              f"entries but another model-group key has {count}; give one per "
+                              "group or one for all, separated by ';'")
+        lists[k] = values * count if len(values) == 1 else values or [single[k]] * count
+    return tuple({k: lists[k][g] for k in keys} for g in range(count))
 
 
 def parse_int_list(key: str, text: str) -> list[int]:

@@ -7,7 +7,8 @@ The runs: the main job (pyproject's run config), every single-model method on th
 and every model-group method on the model-groups-digits preset (its group backbones drawn at
 random: the preset's pretrained ones are an optional asset), all in process with one thread.
 ``compare`` holds each run's final ``state.safetensors`` and ``allocation.json`` byte for byte,
-and ``config.json`` and ``metrics.json`` as parsed JSON (key order aside) without the timings.
+and ``config.json`` and ``metrics.json`` as parsed JSON (key order aside) without the timings
+and the process facts (``TIMINGS``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ SINGLE = ("fedra", "all-large", "all-small", "depthfl", "fedbrick", "inclusivefl
 GROUPED = ("homo", "all-large", "all-small", "fedmd", "feddf", "flexifed", "heterotune",
            "pfedlora")
 BYTES = ("state.safetensors", "allocation.json")
-TIMINGS = ("seconds", "started")  # any metric whose name contains one of these
+# timings and the facts of the process a run shared with the runs before it (its pid, peak
+# memory, backbone builds): any metric whose name contains one of these
+TIMINGS = ("seconds", "started", "pid", "peak-rss-mb", "backbone-builds", "gpu-peak-mb")
 
 
 def runs() -> dict[str, dict]:

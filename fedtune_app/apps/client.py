@@ -146,7 +146,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     cfg, fetched = node_config_of(context)  # 0 bytes unless the cache was lost since the query
     group = node_group(cfg, context)
     round_ = int(msg.content["config"]["server-round"])
-    cfg = group_config(cfg, group) | {"lr": round_lr(cfg, round_)}  # this round's rate
+    cfg = group_config(cfg, group).replace(lr=round_lr(cfg, round_))  # this round's rate
     pid, _, examples, _ = local_data(cfg, context)
     before_training(cfg, pid)
     recipe = recipe_for(cfg, group)

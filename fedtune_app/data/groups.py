@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.config import ConfigError, ModelConfig, RunConfig, parse_int_list
+from fedtune_app.config import ConfigError, ModelConfig, RunConfig
 
 PREFIX = "groups."
 
@@ -45,62 +45,19 @@ def group_of_name(name: str) -> int | None:
     return int(name.split(".", 2)[1])
 
 
-def _entries(text: str) -> list[str]:
-    return [p.strip() for p in text.split(";")] if text.strip() else []
-
-
 def group_specs(model: ModelConfig) -> list[dict]:
-    """Per group: its values of the keys 'model', 'model-args', 'model-source' ([] = no groups).
-    The number of groups is the longest of the three lists; a one-entry list serves all."""
-    keys = {"model": "model-groups", "model-args": "model-group-args",
-            "model-source": "model-group-sources"}
-    given = {"model": model.model_groups, "model-args": model.model_group_args,
-             "model-source": model.model_group_sources}
-    single = {"model": model.model, "model-args": model.model_args,
-              "model-source": model.model_source}
-    lists = {k: _entries(text) for k, text in given.items()}
-    if not lists["model"]:
-        return []
-    count = max(len(v) for v in lists.values())
-    for k, values in lists.items():
-        if len(values) not in (0, 1, count):
-            raise ConfigError(f"run-config key '{keys[k]}' = {given[k]!r} has {len(values)} "
-                              f"entries but another model-group key has {count}; give one per "
-                              "group or one for all, separated by ';'")
-        lists[k] = values * count if len(values) == 1 else values or [single[k]] * count
-    return [{k: lists[k][g] for k in keys} for g in range(count)]
+    """Per group: its values of the keys 'model', 'model-args', 'model-source' ([] = no groups;
+    parsed with the run config, ``ModelConfig.groups``)."""
+    return list(model.groups)
 
 
 def num_groups(model: ModelConfig) -> int:
-    return len(group_specs(model))
+    return len(model.groups)
 
 
 def group_config(run: RunConfig, group: int | None) -> RunConfig:
     """The run config as group ``group``'s nodes see it (its model keys); None: unchanged."""
-    return run if group is None else run.replace(**group_specs(run.model)[group])
-
-
-def group_ratio(model: ModelConfig) -> list[int]:
-    from fedtune_app.data.scenarios import parse_ratio
-
-    m = num_groups(model)
-    if not model.model_group_ratio:
-        return [1] * m
-    ratio = parse_ratio(model.model_group_ratio, key="model-group-ratio")
-    if len(ratio) != m:
-        raise ConfigError(f"run-config key 'model-group-ratio' = {model.model_group_ratio!r} has "
-                          f"{len(ratio)} parts but 'model-groups' lists {m} groups")
-    return ratio
-
-
-def group_thresholds(model: ModelConfig) -> list[int]:
-    m = num_groups(model)
-    values = parse_int_list("model-group-capacities", model.model_group_capacities)
-    if len(values) != m or values != sorted(values):
-        raise ConfigError(f"run-config key 'model-group-capacities' = "
-                          f"{model.model_group_capacities!r}: expected {m} ascending capacities, "
-                          "one per model group")
-    return values
+    return run if group is None else run.replace(**run.model.groups[group])
 
 
 def node_model_group(run: RunConfig, partition_id: int, num_partitions: int,
@@ -113,7 +70,7 @@ def node_model_group(run: RunConfig, partition_id: int, num_partitions: int,
     if run.fixed_group is not None:  # AllSmall / AllLarge: one group for every client
         return run.fixed_group % m
     if model.model_group_assign == "capacity":
-        fits = [g for g, t in enumerate(group_thresholds(model)) if t <= capacity]
+        fits = [g for g, t in enumerate(model.group_thresholds) if t <= capacity]
         if not fits:
             raise ConfigError(f"client {partition_id} has capacity {capacity}, below every "
                               f"threshold of run-config key 'model-group-capacities' = "
@@ -121,14 +78,13 @@ def node_model_group(run: RunConfig, partition_id: int, num_partitions: int,
         return fits[-1]
     from fedtune_app.data.scenarios import _ratio_capacities
 
-    groups = _ratio_capacities(tuple(range(m)), tuple(group_ratio(model)), num_partitions,
-                               run.seed)
+    groups = _ratio_capacities(tuple(range(m)), model.group_ratio, num_partitions, run.seed)
     return groups[partition_id]
 
 
 def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:
-    """Model-group keys agree with each other and with the method (before any training)."""
-    if not group_specs(run.model):
+    """The method runs over model groups if and only if the run has them."""
+    if not run.model.groups:
         if run.method not in single_model_methods:
             raise ConfigError(f"run-config key 'method' = {run.method!r} needs model groups: "
                               "set 'model-groups' (e.g. two timm models separated by ';')")
@@ -136,10 +92,6 @@ def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:
     if run.method not in group_methods:
         raise ConfigError(f"run-config key 'method' = {run.method!r} does not run over model "
                           f"groups ('model-groups' is set); allowed: {', '.join(group_methods)}")
-    if run.model.model_group_assign == "capacity":
-        group_thresholds(run.model)
-    else:
-        group_ratio(run.model)
 
 
 @functools.lru_cache(maxsize=16)

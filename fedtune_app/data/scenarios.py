@@ -16,18 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedtune_app.config import ConfigError, RunConfig
-
-
-def parse_ratio(text: str, key: str = "capacity-ratio") -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(":") if v]
-    except ValueError:
-        values = []
-    if not values or min(values) < 0 or sum(values) == 0:
-        raise ConfigError(f"run-config key '{key}' = {text!r}: expected non-negative "
-                          "integers separated by ':', e.g. '3:3:2:2'")
-    return values
+from fedtune_app.config import ConfigError, RunConfig, parse_ratio
 
 
 @lru_cache(maxsize=8)

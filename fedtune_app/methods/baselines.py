@@ -67,7 +67,8 @@ class AllSmallConfig(ConfigPart):
         "4's AllSmall row is Table 1's 3-layer model, so its presets set 3)")
 
 
-register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1)
+register_method("all-large", strategy=AllLarge, group_strategy=GroupAllLarge, fixed_group=-1,
+                ceiling=True)
 def check_all_small(cfg: RunConfig) -> None:
     layers, capacities = cfg.own.all_small_layers, cfg.federation.capacity_list
     if layers > min(capacities):

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedtune_app.data.splits import SPLIT_SEED, Examples
-from fedtune_app.training.distill import DistillConfig, distill, distill_steps, kd_loss, scores_on
+from fedtune_app.methods.fedmd import DistillConfig
+from fedtune_app.training.distill import distill, distill_steps, kd_loss, scores_on
 from fedtune_app.training.local import pick_device
 from fedtune_app.methods.fedmd import public_set
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -63,8 +64,9 @@ class FedDF(GroupStrategy):
             return kd_loss(z, t, temperature)
 
         if self.cfg.own.feddf_distillation == "epochs":
+            own = self.cfg.own
             distill(model, plan, params, self.public, teacher, loss, self.cfg.training,
-                    self.cfg.own, seed=seed, device=self.device)
+                    own.distill_epochs, own.distill_lr, seed=seed, device=self.device)
             return
 
         def validate():

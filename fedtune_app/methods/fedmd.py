@@ -26,14 +26,15 @@ Choices made here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from fedtune_app.config import RunConfig
+from fedtune_app.config import ConfigPart, RunConfig, config_key, register_keys
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.data.splits import public_split, run_num_classes, run_splits
-from fedtune_app.training.distill import (DistillConfig, consensus, digest_loss, distill,
-                                          scores_on)
+from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
 from fedtune_app.training.recipes import ClientRecipe
 from fedtune_app.training.local import train_local
 from fedtune_app.methods.model_groups import GroupStrategy
@@ -58,8 +59,10 @@ class FedMDRecipe(ClientRecipe):
     def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round) -> float:
         trainable = list(params.values())
         if server_round > 1:  # digest
+            own = self.cfg.own
             distill(model, plan, trainable, self._public, self._consensus.numpy(), digest_loss,
-                    self.cfg.training, self.cfg.own, seed=seed + 1, device=device)
+                    self.cfg.training, own.distill_epochs, own.distill_lr, seed=seed + 1,
+                    device=device)
         loss = train_local(model.subnetwork(plan), trainable, examples, self.cfg.training,
                            seed=seed, device=device, loss_fn=loss_fn)  # revisit
         self._scores = scores_on(model, plan, self._public,
@@ -96,5 +99,19 @@ class FedMD(GroupStrategy):
         return new
 
 
+@dataclass(frozen=True)
+class DistillConfig(ConfigPart):
+    """The public set and server-side distillation of FedMD and FedDF."""
+    public_fraction: float = config_key(0.2, minimum=0.01, maximum=0.9, help=
+        "FedMD/FedDF: share of the training data held out as the public set (nobody's private "
+        "data; HeteroTune: 20%)")
+    distill_epochs: int = config_key(1, minimum=1, help=
+        "FedMD digest / FedDF server distillation with feddf-distillation = epochs: epochs over "
+        "the public set per round")
+    distill_lr: float = config_key(0.01, minimum=0, help=
+        "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)")
+
+
+register_keys("the public set and distillation of FedMD and FedDF", DistillConfig)
 register_method("fedmd", group_strategy=FedMD, recipe=FedMDRecipe, holdout="public",
                 config=DistillConfig)

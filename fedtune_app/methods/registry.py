@@ -28,6 +28,7 @@ class Method:
     holdout: str | None  # 'proxy' or 'public': data its server keeps out of the clients'
     fixed_group: int | None  # over model groups, the group of every client
     objective_hook: Callable[[RunConfig], tuple[str, float] | None] | None
+    ceiling: bool  # an upper bound of the comparison (AllLarge), never "the best competitor"
 
     def held_out(self, run: RunConfig) -> HeldOut:
         """What this run's server keeps out of every client's training data: the proxy split
@@ -68,21 +69,22 @@ def register_method(name: str, *, strategy: type | None = None,
                     config: type[ConfigPart] = NoKeys,
                     check: Callable[[dict], None] | None = None,
                     holdout: str | None = None, fixed_group: int | None = None,
-                    objective: Callable[[RunConfig], tuple[str, float] | None] | None = None
-                    ) -> None:
+                    objective: Callable[[RunConfig], tuple[str, float] | None] | None = None,
+                    ceiling: bool = False) -> None:
     """Register method ``name`` (its run-config value of key ``method``).
 
     holdout: data its server keeps out of every client's partition, 'proxy' (FedBRICK's
     distillation set) or 'public' (FedMD/FedDF's public set). fixed_group: over model groups,
     the group every client runs (0 = smallest, -1 = largest; AllSmall / AllLarge). objective:
-    the method's own local objective ((kind, coefficient), or None for key 'local-objective')."""
+    the method's own local objective ((kind, coefficient), or None for key 'local-objective').
+    ceiling: the method is an upper bound of a comparison (AllLarge), not a competitor."""
     if name in METHODS:
         raise ValueError(f"method {name!r} is already registered")
     if strategy is None and group_strategy is None:
         raise ValueError(f"method {name!r} needs a strategy or a group_strategy")
     register_keys(f"method {name}", config, method=name)
     METHODS[name] = Method(name, strategy, group_strategy, recipe, check, holdout, fixed_group,
-                           objective)
+                           objective, ceiling)
 
 
 def method_of(cfg: RunConfig) -> Method:

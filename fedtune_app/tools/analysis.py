@@ -3,7 +3,7 @@
     runs = load_runs("results/")                 # every results folder under the given paths
     rounds_table(runs)                           # one row per (run, round)
     groups_table(runs)                           # one row per (run, group), final evaluation
-    table = paper_table(runs, proposed="fedra")  # mean (± std over seeds) per method and group
+    table = paper_table(runs)                    # mean (± std over seeds) per method and group
     print(table.to_markdown())                   # best non-proposed underlined, deltas in ()
 
 Runs are grouped by ``method`` and ``scenario``; seeds are repetitions. The scenario of a run is
@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedtune_app.config import KEYS
+
 # Run-config keys that never make two runs incomparable.
 NOT_SCENARIO = ("method", "seed", "results-dir", "preset", "device", "round-timeout",
                 "min-nodes", "eval-batch-size", "eval-every")
-CEILINGS = ("all-large",)  # upper bounds: never "the best competitor" (FedRA Table 1)
+DEFAULT_PROPOSED = KEYS["method"].default  # the method a run has unless told otherwise
 RUN_FILES = ("config.json", "metrics.json")
 
 
@@ -204,7 +206,7 @@ class PaperTable:
     best: pd.DataFrame  # bool
     delta: pd.DataFrame  # NaN except on the proposed method's rows
     proposed: str | None = None
-    ceilings: tuple = CEILINGS
+    ceilings: tuple = ()
     notes: list[str] = field(default_factory=list)
 
     def cells(self, mark: str = "<u>{}</u>", digits: int = 2) -> pd.DataFrame:
@@ -259,8 +261,17 @@ class PaperTable:
         return frame.reset_index()
 
 
-def paper_table(runs: list[Run], proposed: str | None = "fedra",
-                ceilings=CEILINGS) -> PaperTable:
+def ceiling_methods() -> tuple[str, ...]:
+    """Methods registered as upper bounds (AllLarge): never "the best competitor" (FedRA
+    Table 1)."""
+    from fedtune_app.methods import METHODS
+
+    return tuple(sorted(name for name, method in METHODS.items() if method.ceiling))
+
+
+def paper_table(runs: list[Run], proposed: str | None = DEFAULT_PROPOSED,
+                ceilings: tuple | None = None) -> PaperTable:
+    ceilings = ceiling_methods() if ceilings is None else ceilings
     groups = groups_table(runs)
     stats = over_seeds(groups, ["scenario", "method", "group"])
     order = list(dict.fromkeys(groups["group"]))  # first run's groups first, avg and overall last
@@ -632,8 +643,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     compare = sub.add_parser("compare", help="print the paper-style table of results folders")
     compare.add_argument("paths", nargs="+", help="results folders, or folders holding them")
-    compare.add_argument("--proposed", default="fedra",
-                         help="method whose deltas are shown (default fedra; '' for none)")
+    compare.add_argument("--proposed", default=DEFAULT_PROPOSED,
+                         help=f"method whose deltas are shown (default {DEFAULT_PROPOSED}; '' "
+                              "for none)")
     compare.add_argument("--method-keys", default="",
                          help="comma-separated run-config keys that name a method variant")
     compare.add_argument("--csv", help="also write the table's numbers (tidy) to this CSV")

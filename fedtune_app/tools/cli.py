@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedtune_app.config import ConfigError
+
 # tool name -> (module, one-line help); modules are imported only when their command runs
 TOOLS = {
     "compare": ("fedtune_app.tools.compare", "run several methods on the same split and seed"),
@@ -131,14 +133,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in TOOLS:
-        import importlib
+    try:
+        if argv and argv[0] in TOOLS:
+            import importlib
 
-        module = importlib.import_module(TOOLS[argv[0]][0])
-        sys.argv[0] = f"fedtune {argv[0]}"
-        return module.main(argv[1:]) or 0
-    args = parser().parse_args(argv)
-    return run(args) if args.command == "run" else stop_command(args)
+            module = importlib.import_module(TOOLS[argv[0]][0])
+            sys.argv[0] = f"fedtune {argv[0]}"
+            return module.main(argv[1:]) or 0
+        args = parser().parse_args(argv)
+        return run(args) if args.command == "run" else stop_command(args)
+    except ConfigError as err:  # the user's to fix: one line, no traceback
+        print(f"fedtune: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

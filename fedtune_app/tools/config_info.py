@@ -39,7 +39,7 @@ def parameter_table(cfg: RunConfig) -> list[dict]:
     """Table 2 of a run config without any weights (architectures on the meta device)."""
     rows = []
     for g, spec in enumerate(group_specs(cfg.model)):
-        model_cfg = group_config(cfg, g) | {"model-source": "random"}  # nothing is loaded
+        model_cfg = group_config(cfg, g).replace(**{"model-source": "random"})  # loads nothing
         with torch.device("meta"):
             recipe = recipe_for(cfg, g)
             model = recipe.build(ModelSpec.from_config(model_cfg.model, run_num_classes(model_cfg)))

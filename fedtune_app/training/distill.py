@@ -14,30 +14,13 @@ from __future__ import annotations
 import itertools
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigPart, TrainingConfig, config_key, register_keys
+from fedtune_app.config import TrainingConfig
 from fedtune_app.data.splits import Examples
-
-
-@dataclass(frozen=True)
-class DistillConfig(ConfigPart):
-    """The public set and server-side distillation of FedMD and FedDF."""
-    public_fraction: float = config_key(0.2, minimum=0.01, maximum=0.9, help=
-        "FedMD/FedDF: share of the training data held out as the public set (nobody's private "
-        "data; HeteroTune: 20%)")
-    distill_epochs: int = config_key(1, minimum=1, help=
-        "FedMD digest / FedDF server distillation with feddf-distillation = epochs: epochs over "
-        "the public set per round")
-    distill_lr: float = config_key(0.01, minimum=0, help=
-        "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)")
-
-
-register_keys("the public set and distillation of FedMD and FedDF", DistillConfig)
 
 
 def indexed(examples: Examples) -> Examples:
@@ -74,16 +57,16 @@ def scores_on(model, plan, public: Examples, batch_size: int, device) -> np.ndar
 
 
 def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: np.ndarray,
-            loss, training: TrainingConfig, distilling: DistillConfig, seed: int,
+            loss, training: TrainingConfig, epochs: int, lr: float, seed: int,
             device) -> float:
     """Train ``params`` so that the model's logits on ``public`` approach ``targets`` under
-    ``loss(logits, target_logits)``, for ``distill-epochs`` epochs at ``distill-lr``."""
+    ``loss(logits, target_logits)``, for ``epochs`` epochs of SGD at ``lr`` (its momentum, weight
+    decay and clipping those of ``training``)."""
     from fedtune_app.training.local import train_local
 
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
-    # SGD whatever the run's local optimizer: distill-lr is an SGD rate (FedMD's digest)
-    sgd = dataclasses.replace(training, local_epochs=distilling.distill_epochs,
-                              lr=distilling.distill_lr, optimizer="sgd")
+    # SGD whatever the run's local optimizer: the rate is an SGD rate (FedMD's digest)
+    sgd = dataclasses.replace(training, local_epochs=epochs, lr=lr, optimizer="sgd")
     return train_local(model, params, indexed(public), sgd, seed=seed, device=device,
                        loss_fn=lambda inputs, idx: loss(model(inputs, plan), target[idx]))
 
