@@ -77,16 +77,15 @@ class Constant(nn.Module):
 
 
 def test_distill_matches_each_public_example_to_its_own_target():
-    cfg = resolve_config({"preset": "smoke"}).replace(**{
-        "method": "fedmd", "distill-epochs": 1, "distill-lr": 0.1, "batch-size": 1,
-        "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 0.0})
+    training = resolve_config({"preset": "smoke"}).replace(**{
+        "batch-size": 1, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 0.0}).training
     model = Constant(2)
     public = Examples(torch.zeros(2, 1), torch.tensor([7, 7]))
     targets = np.array([[1.0, -1.0], [1.0, 1.0]], dtype=np.float32)
     # L1 gradient of one example = sign(w - t) / 2. Either order: w -> [0.05, -+0.05] -> [0.1, 0]
     # (with a wrong target mapping, e.g. always row 0, w would end at [0.1, -0.1])
-    distill(model, None, [model.w], public, targets, digest_loss, cfg.training, cfg.own, seed=0,
-            device=torch.device("cpu"))
+    distill(model, None, [model.w], public, targets, digest_loss, training, epochs=1, lr=0.1,
+            seed=0, device=torch.device("cpu"))
     np.testing.assert_allclose(model.w.detach().numpy(), [0.1, 0.0], atol=1e-7)
     assert indexed(public).labels.tolist() == [0, 1]
 
