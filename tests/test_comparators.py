@@ -359,7 +359,7 @@ def test_feddf_server_distillation_on_real_group_models():
     mean = masked_weighted_mean(state, updates)
 
     def aggregate(**keys):
-        strategy = FedDF(cfg | keys, clients, 3, state)
+        strategy = FedDF(cfg.replace(**keys), clients, 3, state)
         strategy.attach(model, recipe)
         strategy.history.append(RoundLog(1))
         return strategy.aggregate(updates), strategy.public

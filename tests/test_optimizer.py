@@ -63,16 +63,16 @@ def test_adamw_steps_move_each_weight_by_lr_in_the_gradients_direction(weight_de
 
 
 def test_round_lr_warm_up_then_constant_or_cosine():
-    base = {"lr": 0.2, "num-server-rounds": 10, "lr-warmup-rounds": 0}
-    constant = base | {"lr-schedule": "constant"}
+    base = resolve_config({"lr": 0.2, "num-server-rounds": 10, "lr-warmup-rounds": 0})
+    constant = base.replace(**{"lr-schedule": "constant"})
     assert [round_lr(constant, t) for t in (1, 5, 10)] == [0.2, 0.2, 0.2]
-    cosine = base | {"lr-schedule": "cosine"}
+    cosine = base.replace(**{"lr-schedule": "cosine"})
     # (1 + cos(pi (t - 1) / 10)) / 2: 1 at t = 1, 1/2 at t = 6, (1 + cos(0.9 pi)) / 2 at t = 10
     assert round_lr(cosine, 1) == 0.2
     assert round_lr(cosine, 6) == pytest.approx(0.1, abs=1e-15)
     assert round_lr(cosine, 10) == pytest.approx(0.2 * (1 + math.cos(0.9 * math.pi)) / 2,
                                                  abs=1e-15)
-    warm = cosine | {"lr-warmup-rounds": 2}
+    warm = cosine.replace(**{"lr-warmup-rounds": 2})
     # rounds 1, 2 ramp to lr; cosine over the 8 rounds 3..10 starts at lr, halves at round 7
     assert round_lr(warm, 1) == pytest.approx(0.1, abs=1e-15)
     assert round_lr(warm, 2) == 0.2
