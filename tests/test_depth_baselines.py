@@ -278,4 +278,5 @@ def test_the_fedra_and_fedbrick_presets_score_depthfl_by_its_last_exit():
     assert resolve_config({"method": "depthfl"}).own.depthfl_headline == "ensemble"
     for preset in ("fedra-t1-nico", "fedra-t2-domainnet", "fedra-t4-nico-dynamic",
                    "fedbrick-t1-nico", "mpnet-fedra-t1-bbc", "offline-feature-skew"):
-        assert resolve_config({"preset": preset}).own.depthfl_headline == "last-exit"
+        depthfl = resolve_config({"preset": preset, "method": "depthfl"})
+        assert depthfl.own.depthfl_headline == "last-exit"

@@ -3,6 +3,7 @@ registers a method that runs end to end, allocation checked by hand."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,10 @@ def fedra_rare():
     before = [dict(registry) for registry in registries]
     spec = importlib.util.spec_from_file_location("fedra_rare_example", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     yield module
+    del sys.modules[spec.name]
     for registry, saved in zip(registries, before):
         registry.clear()
         registry.update(saved)

@@ -72,7 +72,7 @@ def fake_run(tmp_path, run_config: dict, seed: int = 0):
                   for n, p in trainable_parameters(m).items()}
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"run-config": cfg, "clients": []}))
+    (folder / "config.json").write_text(json.dumps({"run-config": dict(cfg.flat), "clients": []}))
     (folder / "metrics.json").write_text(json.dumps([{"round": 2, "accuracy": 0.5}]))
     save_file(state, str(folder / "state.safetensors"))
     if not isinstance(model, GroupedModel):
