@@ -173,6 +173,24 @@ def save_glue_like(path: Path, pairs: bool = False) -> str:
     return str(path)
 
 
+def assert_accuracy_counts_the_validation_set(metrics: dict, glue: str) -> None:
+    """Each model's accuracy over the n validation examples is k / n for a whole k; the largest
+    (or only) model's is sum_c n_c x its recall of class c / n; with model groups the headline
+    is the mean of the groups' (where ``0 <= accuracy <= 1`` would only catch NaN)."""
+    from datasets import load_from_disk
+
+    counts = np.bincount(load_from_disk(glue)["validation"]["label"], minlength=2)
+    n = int(counts.sum())
+    per_model = metrics.get("accuracy-per-model-group", {"": metrics["accuracy"]})
+    for accuracy in per_model.values():
+        assert abs(accuracy * n - round(accuracy * n)) < 1e-9 * n, (accuracy, n)
+    largest = metrics.get("accuracy-largest", metrics["accuracy"])
+    recalls = metrics["accuracy-per-class"]
+    assert largest * n == pytest.approx(sum(k * recalls[str(c)] for c, k in enumerate(counts)),
+                                        abs=1e-9 * n)
+    assert metrics["accuracy"] == pytest.approx(np.mean(list(per_model.values())), abs=1e-12)
+
+
 def matthews_from_recalls(metrics: dict, glue: str) -> float:
     """Matthews correlation worked out from the reported per-class accuracies (recalls) and the
     validation labels: the binary confusion matrix, then (TP TN - FP FN) / sqrt(...)."""
@@ -207,7 +225,9 @@ def test_every_method_runs_two_rounds_over_decoders(decoder_dirs, glue_dir, tmp_
     folder = Path(run_inprocess(decoder_run(decoder_dirs, glue_dir, tmp_path, method)))
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
-    assert all(m["rejected"] == {} and 0 <= m["accuracy"] <= 1 for m in metrics)
+    assert all(m["rejected"] == {} for m in metrics)
+    for m in metrics:
+        assert_accuracy_counts_the_validation_set(m, glue_dir)
     for m in metrics:  # per-class accuracies are the largest group's
         reported = m["matthews-corr-per-model-group"]["1"] if "accuracy-per-model-group" in m \
             else m["matthews-corr"]

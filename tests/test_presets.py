@@ -101,7 +101,15 @@ def test_pretrained_checkpoint_records_how_it_was_made(checkpoints):
     assert meta["model-args"] == MODELS["vit"][1]
     # 1,797 digits, 20% held out per class, 64 of the rest kept
     assert meta["train-examples"] == "64"
-    assert 0.0 <= float(meta["digit-styles-probe-accuracy"]) <= 1.0
+    # the probe's test accuracy is k / n for a whole k over the n held-out six-style digits
+    # (written to 4 places; 1 / n > 0.0001 pins k down) and above chance (10 classes)
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
+    from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
+
+    n = len(multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION).split[1])
+    probe = meta["digit-styles-probe-accuracy"]
+    assert [k for k in range(n + 1) if f"{k / n:.4f}" == probe], (probe, n)
+    assert float(probe) > 1 / 10, probe
 
 
 def test_pretrained_checkpoint_is_what_the_backbone_loads(checkpoints):

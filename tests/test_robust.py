@@ -513,3 +513,132 @@ def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):
         assert got <= 1e-6 * honest
     else:
         assert got <= 1.5 * honest, (got, honest, undefended)
+
+
+# -- Krum, Multi-Krum and Bulyan: selection, ties, f > 1 and several coordinates, by hand ------
+# Seven 1-D updates; two far ones. Bulyan with f = 1 picks theta = 7 - 2 = 5 by Krum, one at a
+# time over what is left (score = sum of squared distances to the len - 3 nearest others):
+#   7 left (4 nearest): 3 -> 1 + 4 + 4 + 36 = 45 (to 2, 1, 5, 9), 5 -> 4 + 9 + 16 + 16 = 45:
+#                       tie, the lower index (3 at index 5) is picked
+#   6 left (3 nearest): 5 -> 9 + 16 + 16 = 41, 2 -> 1 + 9 + 49 = 59: 5
+#   5 left (2 nearest): 2 -> 1 + 49 = 50, 1 -> 1 + 64 = 65, 9 -> 49 + 64 = 113: 2
+#   4 left (1 nearest): 1 -> 64, 9 -> 64 (tie: index 2 before 4), 40 and -30 -> 31^2: 1
+#   3 left (0 nearest): every score is 0: the first left, 40 (index 0)
+# picked in index order (40, 1, 2, 3, 5), median 3, distances (37, 2, 1, 0, 2): the
+# beta = 5 - 2 = 3 nearest are 3, 2 and, of the tie 1 / 5, the lower index 1 -> mean 2.
+SEVEN = [40.0, -30.0, 1.0, 2.0, 9.0, 3.0, 5.0]
+
+
+def test_bulyan_picks_by_krum_then_trims_per_coordinate():
+    from fedtune_app.federated.robust import bulyan
+
+    # second coordinate = 2 x the first: squared distances x 5, the same picks; each
+    # coordinate trimmed on its own: (2, 4), not one median/mean over all values
+    deltas = np.array([[v, 2 * v] for v in SEVEN])
+    np.testing.assert_array_equal(bulyan(deltas, 1), [2.0, 4.0])
+    # (the coordinate-wise median of all seven would be (3, 6), the mean of the picked 10.2)
+    # f = 2 needs 4f + 3 = 11 holders: with 7, the coordinate-wise median; second coordinate
+    # -v^2 sorted: -1600 -900 -81 -25 -9 -4 -1
+    uneven = np.array([[v, -v * v] for v in SEVEN])
+    np.testing.assert_array_equal(bulyan(uneven, 2), [3.0, -25.0])
+    # f = 2, n = 11: nine values 0..8 and +-1000; theta = 7 picks (the central 1..7: every
+    # pick's nearest neighbours are honest values), median 4, beta = 3 nearest: 3, 4, 5
+    eleven = np.array([[v] for v in [*range(9), 1000.0, -1000.0]], dtype=np.float64)
+    np.testing.assert_array_equal(bulyan(eleven, 2), [4.0])
+
+
+def test_multi_krum_ties_keep_the_lower_index_and_f_two():
+    from fedtune_app.federated.robust import krum_scores, multi_krum
+
+    # 0..4 with f = 1: scores (1+4, 1+1, 1+1, 1+1, 1+4) = (5, 2, 2, 2, 5); keep n - f = 4: the
+    # three 2s and, of the tie 5 / 5, index 0 -> values 0, 1, 2, 3; a second coordinate -x
+    line = np.array([[v, -v] for v in range(5)], dtype=np.float64)
+    np.testing.assert_array_equal(krum_scores(line, 1), [10, 4, 4, 4, 10])  # x (1 + 1)
+    np.testing.assert_array_equal(multi_krum(line, 1), [1.5, -1.5])
+    # f = 2 needs 2f + 3 = 7 holders: with 6 the coordinate-wise median
+    # (Multi-Krum of the 4 best would give 2.75 in the second coordinate)
+    six = np.array([[0, 6], [1, 4], [2, 0], [3, 1], [50, 2], [-9, 3]], dtype=np.float64)
+    np.testing.assert_array_equal(multi_krum(six, 2), [1.5, 2.5])
+    # fewer than f + 3 updates: no neighbours to sum, every score 0
+    np.testing.assert_array_equal(krum_scores(line[:3], 1), [0, 0, 0])
+
+
+def test_combine_with_bulyan_median_and_centred_clip_per_tensor():
+    # 'a' held by seven clients (state 1: the deltas are SEVEN), 'b' by client 0 only
+    state = {"a": f32(1, 1), "b": f32(7)}
+    ups = [ClientUpdate(str(i), {"a": f32(1 + v, 1 + 2 * v)} | ({"b": f32(8)} if i == 0 else {}),
+                        1) for i, v in enumerate(SEVEN)]
+    new = combine(state, ups, cfg(aggregator="bulyan", **{"krum-f": 1}))
+    np.testing.assert_array_equal(new["a"], f32(3, 5))
+    assert new["b"] == f32(8)  # one holder: the median of one update
+    # the median rule is not Bulyan: the coordinate-wise median of the seven, 1 + (3, 6)
+    new = combine(state, ups, cfg(aggregator="median"))
+    np.testing.assert_array_equal(new["a"], f32(4, 7))
+    new = combine(state, ups, cfg(aggregator="multi-krum", **{"krum-f": 1}))
+    assert new["b"] == f32(8)
+    # centred clipping of a tensor with one holder, with and without a memory of centres:
+    # tau 0 -> radius = the median gap = its own gap, nothing clipped
+    for memory in ({}, None):
+        new = combine(state, ups, cfg(aggregator="centred-clip"), memory=memory)
+        assert new["b"] == f32(8)
+
+
+def test_fltrust_edges_by_hand():
+    from fedtune_app.federated.robust import fltrust_step, trust_scores
+
+    with pytest.raises(ValueError, match="^aggregator = fltrust needs the server's update on "
+                                         "its root set$"):
+        trust_scores(UPDATES, STATE, None)
+    state = {"a": f32(1, 1), "z": f32(0, 0)}
+    server = {"a": np.array([0.6, 0.8]), "z": np.array([0.0, 0.0])}
+    ups = [ClientUpdate("1", {"a": f32(4, 5)}, 1),      # delta (3, 4) from the state: cos 1
+           ClientUpdate("2", {"a": f32(1.3, 1.4)}, 1),  # delta (0.3, 0.4): |u|^2 |g|^2 = 1/4
+           ClientUpdate("3", {"a": f32(1, 1)}, 1),      # no change: trust 0, no 0/0
+           ClientUpdate("4", {"z": f32(1, 2)}, 1)]      # the server did not move 'z': trust 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = trust_scores(ups, state, server)
+    assert scores["1"] == pytest.approx(1.0, rel=1e-6)  # float32 inputs
+    assert scores["2"] == pytest.approx(1.0, rel=1e-6)
+    assert scores["3"] == 0.0 and scores["4"] == 0.0
+    # rescaling to ||server|| = 10: (0.3, 0.4) of norm 1/2 -> (6, 8); a zero update stays zero
+    deltas = np.array([[0.3, 0.4], [0.0, 0.0]])
+    np.testing.assert_allclose(fltrust_step(deltas, [1.0, 1.0], np.array([6.0, 8.0])),
+                               [3.0, 4.0], rtol=1e-12)
+    # nobody trusted: a zero step of the tensor's shape and dtype
+    step = fltrust_step(deltas, [0.0, 0.0], np.array([6.0, 8.0]))
+    assert step.shape == (2,) and step.dtype == np.float64 and not step.any()
+
+
+def test_centred_clip_clips_short_gaps_and_keeps_zero_gaps():
+    from fedtune_app.federated.robust import centred_clip
+
+    # tau 0.5: the gap (1, 0) of norm 1 is clipped to (0.5, 0); the two zero gaps stay zero
+    deltas = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    np.testing.assert_allclose(centred_clip(deltas, np.zeros(2), 0.5, 1), [1 / 6, 0.0],
+                               rtol=1e-12)
+
+
+def test_ties_at_the_cut_keep_the_lower_index():
+    """Multi-Krum and Bulyan sort with a stable sort: of two equal scores / distances at the
+    cut, the update of the lower index is kept (a same-seed run must not depend on how an
+    unstable sort happens to order ties)."""
+    from fedtune_app.federated.robust import bulyan, krum_scores, multi_krum
+
+    # (4, 2, 0, 3, 0), f = 1, the 2 nearest: 4 -> 1 + 4, 2 -> 1 + 4, 0 -> 0 + 4, 3 -> 1 + 1,
+    # 0 -> 0 + 4; keep 4 of 5: the tie 5 / 5 drops index 1 -> mean(4, 0, 3, 0) = 7/4
+    tied = np.array([[4.0], [2.0], [0.0], [3.0], [0.0]])
+    np.testing.assert_array_equal(krum_scores(tied, 1), [5, 5, 4, 2, 4])
+    np.testing.assert_array_equal(multi_krum(tied, 1), [1.75])
+    # Bulyan of (5, 0, 6, 5, -2, -2, 3), f = 1, Krum picks (len - 3 nearest):
+    #   7 left: 3 -> 4 + 4 + 9 + 9 = 26 (to 5, 5, 0, 6), the 5s -> 0 + 1 + 4 + 25 = 30: 3
+    #   6 left: 5 (index 0) -> 0 + 1 + 25 = 26, tie with index 3: index 0
+    #   5 left: -2 -> 0 + 4 = 4, tie with the other -2: index 4
+    #   4 left: 6 -> 1 (to 5), 5 -> 1: tie, index 2
+    #   3 left (0, 5, -2): every score 0, the first: 0 (index 1)
+    # picked (5, 0, 6, -2, 3), median 3, distances (2, 3, 3, 5, 0): beta = 3 keeps 3, 5 and,
+    # of the tie 0 / 6, index 1: 0 -> mean(5, 0, 3) = 8/3
+    np.testing.assert_allclose(bulyan(np.array([[5.0], [0], [6], [5], [-2], [-2], [3]]), 1),
+                               [8 / 3], rtol=1e-15)
