@@ -131,10 +131,10 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     preset = resolve_config({"preset": name})
     rc = {"preset": name, "results-dir": str(tmp_path), "num-server-rounds": 1,
           "test-subset": 60}
-    if preset["dataset"] == "bbc-news":
+    if preset.data.dataset == "bbc-news":
         rc |= {"train-subset": 400, "min-partition-size": 2, "max-length": 24}
-    if preset["dataset"] == "multi-domain-digits":
-        family = "mixer" if "mixer" in preset["model"] else "vit"
+    if preset.data.dataset == "multi-domain-digits":
+        family = "mixer" if "mixer" in preset.model.model else "vit"
         rc |= {"model-source": checkpoints[family], "train-subset": 180 if "label" not in name
                else 600, "min-partition-size": 3}
     cfg = resolve_config(rc)

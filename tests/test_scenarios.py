@@ -147,7 +147,7 @@ def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():
     assert fedra[0][0] != fedra[1][0]
     # AllSmall ignores the draws (FedRA Table 4 repeats Table 1's AllSmall row): the model of
     # 'all-small-layers' blocks every round
-    cfg = cfg.replace(**{"all-small-layers": 3})
+    cfg = cfg.replace(**{"method": "all-small", "all-small-layers": 3})
     for _, plans in three_rounds("all-small"):
         assert plans == [(0, 1, 2)] * 6
 

@@ -140,8 +140,9 @@ def test_a_missing_tracker_package_is_a_config_error_naming_the_key(tmp_path, mo
 
     from fedtune_app.apps.tracking import make_tracker
     from fedtune_app.config import ConfigError
+    from fedtune_app.methods import resolve_config
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     with pytest.raises(ConfigError, match="'tracker' = 'wandb' needs the package 'wandb'"):
-        make_tracker({"tracker": "wandb"}, tmp_path)
-    assert make_tracker({"tracker": ""}, tmp_path) is None
+        make_tracker(resolve_config({"tracker": "wandb"}), tmp_path)
+    assert make_tracker(resolve_config({"tracker": ""}), tmp_path) is None
