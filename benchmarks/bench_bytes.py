@@ -25,7 +25,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state  # noqa: E402
 from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
-from fedtune_app.config import app_defaults, parse_int_list  # noqa: E402
+from fedtune_app.config import app_defaults  # noqa: E402
 from fedtune_app.methods import resolve_config  # noqa: E402
 from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import METHODS  # noqa: E402
@@ -43,14 +43,14 @@ def measure(job: str) -> dict:
     cfg = resolve_config({**app_defaults(), **JOBS[job]})
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg.adapter))
-    capacities = parse_int_list("capacities", cfg["capacities"])
+    capacities = cfg.federation.capacity_list
     clients = [ClientInfo(100 + i, i, c, 100, f"client-{i}") for i, c in enumerate(capacities)]
     # random values: Flower ships content-addressed objects, so the all-zero LoRA B tensors of
     # round 1 would be sent once; after training every tensor differs
     rng = np.random.default_rng(0)
     state = {n: rng.standard_normal(v.shape).astype(np.float32)
-             for n, v in initial_state(model, cfg["seed"]).items()}
-    strategy = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, state)
+             for n, v in initial_state(model, cfg.seed).items()}
+    strategy = METHODS[cfg.method].strategy(cfg, clients, model.num_blocks, state)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     messages = strategy.configure_train(1, to_record(strategy.state), None, grid=None)
     rows = []
@@ -71,7 +71,7 @@ def measure(job: str) -> dict:
                      "up overhead": up / needed - 1, "with frozen B": frozen,
                      "frozen/needed": frozen / needed})
     total = {k: sum(r[k] for r in rows) for k in ("needed B", "down B", "up B", "with frozen B")}
-    return {"model": cfg["model"], "rows": rows, "total": total,
+    return {"model": cfg.model.model, "rows": rows, "total": total,
             "down-overhead": total["down B"] / total["needed B"] - 1,
             "up-overhead": total["up B"] / total["needed B"] - 1,
             "frozen-over-needed": total["with frozen B"] / total["needed B"]}

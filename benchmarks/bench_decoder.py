@@ -21,7 +21,7 @@ from common import save, table
 
 import torch  # noqa: E402
 
-from fedtune_app.config import app_defaults  # noqa: E402
+from fedtune_app.config import RunConfig, app_defaults  # noqa: E402
 from fedtune_app.data.splits import Examples  # noqa: E402
 from fedtune_app.methods import recipe_for, resolve_config  # noqa: E402
 from fedtune_app.model.adapters import trainable_parameters  # noqa: E402
@@ -50,7 +50,8 @@ def save_models(root: Path, hidden: int, layers: int, heads: int, ffn: int) -> d
     return dirs
 
 
-def step_seconds(cfg: dict, data: Examples, steps: int, repeats: int) -> tuple[float, int, int]:
+def step_seconds(cfg: RunConfig, data: Examples, steps: int,
+                 repeats: int) -> tuple[float, int, int]:
     recipe = recipe_for(cfg)
     model = recipe.build(ModelSpec.from_config(cfg.model, 2))
     params = list(trainable_parameters(model).values())

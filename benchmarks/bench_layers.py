@@ -45,8 +45,8 @@ def measure(job: str, steps: int, repeats: int) -> dict:
     cfg = resolve_config({**app_defaults(), **JOBS[job]})
     model, device = runtime(cfg)
     data = run_splits(cfg).train
-    data = data.subset(range(min(len(data), steps * cfg["batch-size"])))
-    steps = -(-len(data) // cfg["batch-size"])
+    data = data.subset(range(min(len(data), steps * cfg.training.batch_size)))
+    steps = -(-len(data) // cfg.training.batch_size)
     L = model.num_blocks
     t = [step_seconds(model, tuple(range(k)), data, cfg, device, steps, repeats)
          for k in range(L + 1)]
@@ -55,7 +55,7 @@ def measure(job: str, steps: int, repeats: int) -> dict:
         ideal = t[0] + k / L * (t[L] - t[0])
         rows.append({"layers": k, "share k/L": k / L, "step s": t[k], "ideal s": ideal,
                      "measured/ideal": t[k] / ideal, "t_k/t_L": t[k] / t[L]})
-    return {"model": cfg["model"], "blocks": L, "batch-size": cfg["batch-size"],
+    return {"model": cfg.model.model, "blocks": L, "batch-size": cfg.training.batch_size,
             "steps": steps, "repeats": repeats, "fixed-seconds": t[0],
             "fixed-share": t[0] / t[L], "rows": rows,
             "max-deviation": max(abs(r["measured/ideal"] - 1) for r in rows)}

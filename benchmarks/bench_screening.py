@@ -10,6 +10,7 @@ sampled client an honest-looking update (its tensors + N(0, 0.01^2)), and times 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -18,7 +19,6 @@ from common import DEFAULT_JOB, SMOKE_JOB, save, table
 import numpy as np  # noqa: E402
 
 from fedtune_app.apps.evaluation import build_global  # noqa: E402
-from fedtune_app.config import parse_int_list  # noqa: E402
 from fedtune_app.federated.aggregation import ClientUpdate  # noqa: E402
 from fedtune_app.federated.robust import (combine, dp_combine, screen,  # noqa: E402
                                           state_problem)
@@ -37,8 +37,9 @@ def timed(fn, *args) -> float:
 def bench(job: dict) -> dict:
     cfg = resolve_config(job["run_config"])
     model, recipe = build_global(cfg)
-    state = recipe.initial_state(model, cfg["seed"])
-    capacities = parse_int_list("capacities", cfg["capacities"])
+    robust = cfg.robust
+    state = recipe.initial_state(model, cfg.seed)
+    capacities = cfg.federation.capacity_list
     clients = [ClientInfo(i, i, c, 100, "all") for i, c in enumerate(capacities)]
     strategy = strategy_class(cfg)(cfg, clients, model.num_blocks, state)
     rng = np.random.default_rng(0)
@@ -55,15 +56,15 @@ def bench(job: dict) -> dict:
         updates = [ClientUpdate(pid, {n: (v + rng.normal(0, 0.01, v.shape)).astype(v.dtype)
                                       for n, v in tensors.items()}, 100)
                    for pid, tensors in sent.items()]
-        steps["screening"].append(timed(screen, updates, sent, cfg))
+        steps["screening"].append(timed(screen, updates, sent, robust))
         for rule in rules:
-            steps[rule].append(timed(combine, state, updates, cfg | {"aggregator": rule}, None,
-                                     reference, {}))
+            rule_cfg = dataclasses.replace(robust, aggregator=rule)
+            steps[rule].append(timed(combine, state, updates, rule_cfg, None, reference, {}))
         steps["dp (clip + noise)"].append(timed(
-            dp_combine, state, updates, cfg | {"dp-noise-multiplier": 1.0},
+            dp_combine, state, updates, dataclasses.replace(robust, dp_noise_multiplier=1.0),
             np.arange(4, dtype=np.uint32), r))
-        new = combine(state, updates, cfg)
-        steps["state guard"].append(timed(state_problem, state, new, cfg))
+        new = combine(state, updates, robust)
+        steps["state guard"].append(timed(state_problem, state, new, robust))
     mean = statistics.median(steps["mean"])
     size = sum(v.size for v in state.values())
     return {"job": job["name"], "clients": len(clients), "trainable": size,

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters  # noqa: E402
 from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
 from fedtune_app.data.splits import client_examples, run_num_classes, run_splits
-from fedtune_app.methods import METHODS  # noqa: E402
+from fedtune_app.methods import METHODS, resolve_config  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
 from fedtune_app.training.local import pick_device  # noqa: E402
 
@@ -56,22 +56,23 @@ def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
 def plain_loop(folder: Path, steady: list[int]) -> dict:
     """Seconds per round of the plain loop over the run's own plans and client data."""
     config = json.loads((folder / "config.json").read_text())
-    cfg, clients = config["run-config"], [ClientInfo(**c) for c in config["clients"]]
+    cfg = resolve_config(config["run-config"])
+    clients = [ClientInfo(**c) for c in config["clients"]]
     allocation = {r["round"]: r for r in json.loads((folder / "allocation.json").read_text())}
-    device = pick_device(cfg["device"])
+    device = pick_device(cfg.training.device)
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg.adapter)).to(device)
     splits = run_splits(cfg)
     data = {c.partition_id: client_examples(cfg, splits, c.partition_id, len(clients))
             for c in clients}
-    eval_plan = METHODS[cfg["method"]].strategy(cfg, clients, model.num_blocks, {}).eval_plan()
+    eval_plan = METHODS[cfg.method].strategy(cfg, clients, model.num_blocks, {}).eval_plan()
 
     def one_round(r: int) -> None:
         row = allocation[r]
         for pid, mask in zip(row["clients"], row["matrix"]):
             plan = tuple(j for j, held in enumerate(mask) if held)
-            plain_train(model, plan, data[pid].inputs, data[pid].labels, cfg, seed=r * 31 + pid,
-                        device=device)
+            plain_train(model, plan, data[pid].inputs, data[pid].labels, cfg.training,
+                        seed=r * 31 + pid, device=device)
         sync(device)
 
     one_round(1)  # warm-up, as the simulation's first round is
@@ -82,7 +83,7 @@ def plain_loop(folder: Path, steady: list[int]) -> dict:
         train.append(time.perf_counter() - started)
         started = time.perf_counter()
         plain_eval(model, eval_plan, splits.test.inputs, splits.test.labels,
-                   cfg["eval-batch-size"], device, cfg["precision"])
+                   cfg.federation.eval_batch_size, device, cfg.training.precision)
         evaluate.append(time.perf_counter() - started)
     return {"train": sum(train) / len(train), "eval": sum(evaluate) / len(evaluate),
             "per-round-train": train}

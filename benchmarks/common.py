@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,6 +23,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+if TYPE_CHECKING:
+    from fedtune_app.config import TrainingConfig
 
 OUT = ROOT / "benchmarks" / "results"
 # where `flwr` lives: beside this Python (a venv), else on PATH (packages installed elsewhere)
@@ -92,7 +96,7 @@ def flwr_run(workdir: Path, run_config: dict, supernodes: int, cpus_per_client: 
 
 
 # -- the plain PyTorch loop -------------------------------------------------------------------
-def plain_train(model, plan, inputs, labels, cfg: dict, seed: int,
+def plain_train(model, plan, inputs, labels, training: TrainingConfig, seed: int,
                 device=torch.device("cpu")) -> None:
     """What a client's round costs without any framework: the same sub-network, optimiser,
     batches, precision and clipping, in a bare loop on tensors already in (host) memory."""
@@ -100,22 +104,22 @@ def plain_train(model, plan, inputs, labels, cfg: dict, seed: int,
 
     sub = model.subnetwork(plan)
     params = [p for p in sub.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"],
-                                weight_decay=cfg["weight-decay"])
+    optimizer = torch.optim.SGD(params, lr=training.lr, momentum=training.momentum,
+                                weight_decay=training.weight_decay)
     sub.train()
     n = len(labels)
-    for _ in range(cfg["local-epochs"]):
+    for _ in range(training.local_epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-        for start in range(0, n, cfg["batch-size"]):
-            idx = order[start:start + cfg["batch-size"]]
+        for start in range(0, n, training.batch_size):
+            idx = order[start:start + training.batch_size]
             x = {k: v[idx] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[idx]
-            with autocast(cfg["precision"], device):
+            with autocast(training.precision, device):
                 logits = sub(to_device(x, device))
             loss = nn.functional.cross_entropy(logits.float(), labels[idx].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg["grad-clip"] > 0:
-                nn.utils.clip_grad_norm_(params, cfg["grad-clip"])
+            if training.grad_clip > 0:
+                nn.utils.clip_grad_norm_(params, training.grad_clip)
             optimizer.step()
     sub.eval()
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import numpy as np  # noqa: E402
 
+from fedtune_app.config import RobustConfig  # noqa: E402
 from fedtune_app.federated import robust, strategy  # noqa: E402
 
 JOBS = {  # name -> run config (the data reduced where the job is long; stated in the output)
@@ -37,7 +38,7 @@ GUARD: list[dict] = []
 CONTEXT: dict = {}
 
 
-def recording_screen(updates, sent, cfg, peers=True):
+def recording_screen(updates, sent, cfg: RobustConfig, peers=True):
     """Record every update's statistics, reject nobody (the honest trajectory)."""
     holders: dict[str, dict[str, float]] = {}
     rows = []
@@ -56,7 +57,7 @@ def recording_screen(updates, sent, cfg, peers=True):
     return {}
 
 
-def recording_guard(old, new, cfg, check_jump=True, skip_jump=(), accepted=None):
+def recording_guard(old, new, cfg: RobustConfig, check_jump=True, skip_jump=(), accepted=None):
     """Record every tensor's move and the largest accepted update; keep every state."""
     for name in sorted(new):
         if name in old and new[name] is not old[name] and name not in skip_jump:
@@ -67,16 +68,16 @@ def recording_guard(old, new, cfg, check_jump=True, skip_jump=(), accepted=None)
     return robust.state_problem(old, new, cfg, check_jump=False)
 
 
-def old_rule(r, cfg) -> bool:
+def old_rule(r, cfg: RobustConfig) -> bool:
     """The screening of the previous default (growth bound on every tensor + peer rule)."""
-    floor = cfg["screen-rms-floor"]
-    growth = r["rms"] > cfg["screen-max-growth"] * max(r["ref_rms"], floor)
+    floor = cfg.screen_rms_floor
+    growth = r["rms"] > cfg.screen_max_growth * max(r["ref_rms"], floor)
     peer = (r["holders"] >= 3 and r["rms"] > floor
-            and r["norm"] > cfg["screen-peer-ratio"] * r["median_norm"])
+            and r["norm"] > cfg.screen_peer_ratio * r["median_norm"])
     return growth or peer
 
 
-def new_rule(r, cfg) -> bool:
+def new_rule(r, cfg: RobustConfig) -> bool:
     """``robust.screen`` as it is now, replayed on one recorded update."""
     return bool(robust.screen_verdict(r["rms"], r["ref_rms"], r["norm"], r["median_norm"],
                                       r["holders"], cfg))
@@ -103,7 +104,7 @@ def main() -> None:
         saved = json.loads(out.read_text())
         RECORDS.extend(saved["records"])
         GUARD.extend(saved["guard"])
-        report({job: resolve_config(JOBS[job]) for job in {r["job"] for r in RECORDS}})
+        report({job: resolve_config(JOBS[job]).robust for job in {r["job"] for r in RECORDS}})
         return
     setup_logging()
     strategy.screen, strategy.state_problem = recording_screen, recording_guard
@@ -140,18 +141,18 @@ def main() -> None:
                     print(f"{job} alpha {alpha} seed {seed}: {len(RECORDS) - before} updates",
                           flush=True)
                     out.write_text(json.dumps({"records": RECORDS, "guard": GUARD}))
-    report({job: resolve_config(JOBS[job]) for job in {r["job"] for r in RECORDS}})
+    report({job: resolve_config(JOBS[job]).robust for job in {r["job"] for r in RECORDS}})
 
 
-def growth_bound(r, cfg) -> float:
-    return cfg["screen-max-growth"] * max(r["ref_rms"], cfg["screen-rms-floor"])
+def growth_bound(r, cfg: RobustConfig) -> float:
+    return cfg.screen_max_growth * max(r["ref_rms"], cfg.screen_rms_floor)
 
 
-def growth_ratio(r, cfg) -> float:
+def growth_ratio(r, cfg: RobustConfig) -> float:
     return r["rms"] / growth_bound(r, cfg)
 
 
-def report(cfgs) -> None:
+def report(cfgs: dict[str, RobustConfig]) -> None:
     runs = sorted({(r["job"], r["alpha"], r["seed"]) for r in RECORDS})
     print(f"{len(runs)} honest runs: " + ", ".join(f"{j} a={a:g} s={s}" for j, a, s in runs))
     for name, rule in (("previous default", old_rule), ("now", new_rule)):
@@ -180,11 +181,11 @@ def report(cfgs) -> None:
         print(f"largest rms / growth bound with 1-2 holders: "
               f"{growth_ratio(worst, cfgs[worst['job']]):.3f} ({worst['tensor']})")
     if peers := [r for r in RECORDS if r["holders"] >= 3
-                 and r["rms"] > cfgs[r["job"]]["screen-rms-floor"]]:
+                 and r["rms"] > cfgs[r["job"]].screen_rms_floor]:
         worst = max(peers, key=lambda r: r["norm"] / r["median_norm"])
         print(f"largest norm / holders' median (above the floor, >= 3 holders): "
               f"{worst['norm'] / worst['median_norm']:.2f} ({worst['tensor']}) against "
-              f"{cfgs[worst['job']]['screen-peer-ratio']:g}")
+              f"{cfgs[worst['job']].screen_peer_ratio:g}")
     bound = lambda g: growth_bound(g, cfgs[g["job"]])  # noqa: E731
     kept_old = sum(g["jump"] > bound(g) for g in GUARD)
     kept_new = sum(g["jump"] > max(bound(g), g.get("accepted", 0.0)) for g in GUARD)

@@ -18,9 +18,11 @@ registers itself), add its key to pyproject.toml with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from fedtune_app.config import ConfigError, Key
+from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 
@@ -50,18 +52,24 @@ class FedRARare(LayerPlanStrategy):
 
     def plan_round(self, server_round, clients):
         counts = trained_counts(self.history, self.num_layers)
-        return rarity_plans([c.capacity for c in clients], counts, self.cfg["fedra-rare-power"],
+        return rarity_plans([c.capacity for c in clients], counts, self.cfg.own.fedra_rare_power,
                             self.rng)
 
 
-def check(cfg: dict) -> None:
-    if cfg["missing-layer-policy"] != "keep-previous":
-        raise ConfigError("run-config key 'missing-layer-policy' = "
-                          f"{cfg['missing-layer-policy']!r}: method 'fedra-rare' draws by "
-                          "rarity and keeps a block nobody held; allowed: keep-previous")
+@dataclass(frozen=True)
+class FedRARareConfig(ConfigPart):
+    """FedRA-Rare's own key (run-config key ``fedra-rare-power``)."""
+    fedra_rare_power: float = config_key(1.0, minimum=0, help=
+        "FedRA-Rare: block j is drawn with probability proportional to (1 + times trained)^-power"
+        " (0 = FedRA's uniform draw)")
 
 
-register_method("fedra-rare", strategy=FedRARare, check=check, keys={
-    "fedra-rare-power": Key(1.0, "FedRA-Rare: block j is drawn with probability proportional "
-                            "to (1 + times trained)^-power (0 = FedRA's uniform draw)", minimum=0),
-})
+def check(cfg: RunConfig) -> None:
+    policy = cfg.federation.missing_layer_policy
+    if policy != "keep-previous":
+        raise ConfigError(f"run-config key 'missing-layer-policy' = {policy!r}: method "
+                          "'fedra-rare' draws by rarity and keeps a block nobody held; allowed: "
+                          "keep-previous")
+
+
+register_method("fedra-rare", strategy=FedRARare, check=check, config=FedRARareConfig)

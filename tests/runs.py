@@ -8,6 +8,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from fedtune_app.apps.client_app import app as client_app
+from fedtune_app.config import RunConfig
 from fedtune_app.methods import resolve_config
 from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes
@@ -19,7 +20,7 @@ TINY = {"preset": "smoke", "partitioner": "iid", "train-subset": 240, "test-subs
 def run(tmp_path, grid_class=InProcessGrid, faults=None, **keys) -> Path:
     rc = TINY | {"results-dir": str(tmp_path)} | keys
     cfg = resolve_config(rc)
-    nodes = simulation_nodes(len(cfg["capacities"].split(",")))
+    nodes = simulation_nodes(len(cfg.federation.capacity_list))
     return Path(run_federation(grid_class(client_app, nodes, rc, faults), cfg))
 
 
@@ -35,7 +36,7 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert a[name].tobytes() == b[name].tobytes(), name  # bit for bit (also -0.0 vs 0.0)
 
 
-def assert_accuracy_counts_the_test_set(record: dict, cfg: dict) -> None:
+def assert_accuracy_counts_the_test_set(record: dict, cfg: RunConfig) -> None:
     """A single-model run's accuracy over its n test examples is k / n for a whole k, and k is
     the sum over the classes of n_c x the class's accuracy (the test labels counted here, from
     the run's data): an expectation a wrong denominator or a wrong class breaks, where

@@ -105,7 +105,7 @@ def test_resume_refuses_what_would_not_continue_the_same_run(saved, tmp_path):
     other = strategy(resolve_config(KEYS | {"resume": folder, "seed": 4, "lr": 0.123}))
     with pytest.raises(ConfigError) as err:
         resume(other, other.cfg)
-    lr = resolve_config({})["lr"]
+    lr = resolve_config({}).training.lr
     assert str(err.value) == (  # in the order of the run config's keys
         "run-config key 'resume': the stopped run had other settings; resuming needs the same "
         f"values for 'seed' = 4 (checkpoint: 3), 'lr' = 0.123 (checkpoint: {lr})")

@@ -52,7 +52,7 @@ def test_full_trains_every_parameter_of_the_model_a_client_holds():
 def test_full_initial_state_is_the_pretrained_model_and_a_seeded_head():
     cfg = smoke(method="all-large", **{"client-trains": "full"})
     model, recipe = full_model(cfg)
-    state = recipe.initial_state(model, cfg["seed"])
+    state = recipe.initial_state(model, cfg.seed)
     plain = build_backbone(ModelSpec.from_config(cfg.model, 10)).state_dict()  # the seeded init
     backbone = [n for n in state if not n.startswith("head.")]
     assert len(backbone) == 4 * 12 + 4  # 12 tensors per Mixer block, 2 in the stem, 2 after
@@ -60,7 +60,7 @@ def test_full_initial_state_is_the_pretrained_model_and_a_seeded_head():
         assert np.array_equal(state[name], plain[name].numpy())
     # block weights draw no random numbers: the head weight is the generator's first draw
     head = torch.zeros(10, 32).normal_(0.0, 0.02, generator=torch.Generator().manual_seed(
-        cfg["seed"]))
+        cfg.seed))
     assert np.array_equal(state["head.weight"], head.numpy())
     assert not state["head.bias"].any()
 
@@ -99,7 +99,7 @@ def test_methods_defined_on_adapters_refuse_full(method):
                                               ("all-large", "full")])
 def test_the_heterotune_reading_per_method(method, expected):
     cfg = resolve_config({**app_defaults(), "preset": "heterotune-t1-cifar10", "method": method})
-    assert cfg["client-trains"] == expected
+    assert cfg.adapter.client_trains == expected
     with pytest.raises(ConfigError, match="'client-trains' = 'full'") if expected == "adapters" \
             else _no_error():
         resolve_config({**app_defaults(), "preset": "heterotune-t1-cifar10", "method": method,
@@ -126,7 +126,7 @@ def test_full_fine_tuning_in_process_federation(tmp_path):
         n_floats = sum(a.numpy().size for a in msg.content["arrays"].values())
         assert n_floats == 4 * BLOCK + HEAD + STEM_NECK  # all-large: the whole model
     model, recipe = full_model(cfg)
-    start = recipe.initial_state(model, cfg["seed"])
+    start = recipe.initial_state(model, cfg.seed)
     final = load_file(str(folder / "state.safetensors"))
     changed = {n for n in start if not np.array_equal(start[n], final[n])}
     assert {f"blocks.{j}.mlp_channels.fc1.weight" for j in range(4)} <= changed
@@ -167,7 +167,7 @@ def test_flexifed_full_shares_the_common_blocks_whole_weights_across_groups(tmp_
     assert_rounded_mean(state[name], *zip(*sent))
     # the deeper group's block 2 is its own, and trained away from its initial weights
     model, recipe = build_global(cfg)
-    start = recipe.initial_state(model, cfg["seed"])
+    start = recipe.initial_state(model, cfg.seed)
     assert not np.array_equal(start["groups.1.blocks.2.attn.qkv.weight"],
                               state["groups.1.blocks.2.attn.qkv.weight"])
 

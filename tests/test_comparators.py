@@ -31,7 +31,7 @@ def test_public_set_is_stratified_and_nobodys_data():
     splits = run_splits(cfg)
     same, none = public_split(cfg.held_out, splits)
     assert same is splits.train and none is None  # other methods: all training data
-    cfg = cfg | {"method": "fedmd", "public-fraction": 0.2}
+    cfg = cfg.replace(**{"method": "fedmd", "public-fraction": 0.2})
     private, public = public_split(cfg.held_out, splits)
     labels = splits.train.labels.numpy()
     expected = sum(round(0.2 * (labels == c).sum()) for c in range(10))
@@ -77,16 +77,15 @@ class Constant(nn.Module):
 
 
 def test_distill_matches_each_public_example_to_its_own_target():
-    cfg = resolve_config({"preset": "smoke"}) | {
-        "distill-epochs": 1, "distill-lr": 0.1, "batch-size": 1, "momentum": 0.0,
-        "weight-decay": 0.0, "grad-clip": 0.0}
+    training = resolve_config({"preset": "smoke"}).replace(**{
+        "batch-size": 1, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 0.0}).training
     model = Constant(2)
     public = Examples(torch.zeros(2, 1), torch.tensor([7, 7]))
     targets = np.array([[1.0, -1.0], [1.0, 1.0]], dtype=np.float32)
     # L1 gradient of one example = sign(w - t) / 2. Either order: w -> [0.05, -+0.05] -> [0.1, 0]
     # (with a wrong target mapping, e.g. always row 0, w would end at [0.1, -0.1])
-    distill(model, None, [model.w], public, targets, digest_loss, cfg, seed=0,
-            device=torch.device("cpu"))
+    distill(model, None, [model.w], public, targets, digest_loss, training, epochs=1, lr=0.1,
+            seed=0, device=torch.device("cpu"))
     np.testing.assert_allclose(model.w.detach().numpy(), [0.1, 0.0], atol=1e-7)
     assert indexed(public).labels.tolist() == [0, 1]
 
@@ -365,7 +364,7 @@ def test_feddf_server_distillation_on_real_group_models():
     mean = masked_weighted_mean(state, updates)
 
     def aggregate(**keys):
-        strategy = FedDF(cfg | keys, clients, 3, state)
+        strategy = FedDF(cfg.replace(**keys), clients, 3, state)
         strategy.attach(model, recipe)
         strategy.history.append(RoundLog(1))
         return strategy.aggregate(updates), strategy.public
@@ -449,8 +448,8 @@ def test_feddf_early_stopping_keeps_the_best_validated_model():
 
 def test_feddf_defaults_are_its_papers():
     cfg = resolve_config({**TWO_GROUPS, "method": "feddf"})
-    assert (cfg["feddf-distillation"], cfg["feddf-lr"], cfg["feddf-steps"],
-            cfg["feddf-patience"]) == ("paper", 1e-3, 10_000, 1000)
+    assert (cfg.own.feddf_distillation, cfg.own.feddf_lr, cfg.own.feddf_steps,
+            cfg.own.feddf_patience) == ("paper", 1e-3, 10_000, 1000)
 
 
 def test_feddf_two_rounds_end_to_end(tmp_path):

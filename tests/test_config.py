@@ -16,17 +16,18 @@ def test_pyproject_lists_every_key_flower_must_accept():
 
 def test_main_job_is_fedra_on_minilm_bbc_with_capacities_6_to_2():
     cfg = resolve_config({})
-    assert (cfg["method"], cfg["model"], cfg["dataset"]) == ("fedra", "all-MiniLM-L6-v2",
+    assert (cfg.method, cfg.model.model, cfg.data.dataset) == ("fedra", "all-MiniLM-L6-v2",
                                                              "bbc-news")
-    assert cfg["capacities"] == "6,5,4,3,2,2"
+    assert cfg.federation.capacities == "6,5,4,3,2,2"
 
 
 def test_preset_values_are_defaults_that_given_keys_override():
     smoke = tomllib.loads((ROOT / "conf" / "smoke.toml").read_text())
     cfg = resolve_config({**app_defaults(), "preset": "smoke"})
-    assert cfg["model"] == smoke["model"] and cfg["num-server-rounds"] == smoke["num-server-rounds"]
+    assert cfg.model.model == smoke["model"]
+    assert cfg.federation.num_server_rounds == smoke["num-server-rounds"]
     cfg = resolve_config({**app_defaults(), "preset": "smoke", "num-server-rounds": 7})
-    assert cfg["num-server-rounds"] == 7
+    assert cfg.federation.num_server_rounds == 7
 
 
 @pytest.mark.parametrize("given, message", [

@@ -28,7 +28,7 @@ def test_a_quorum_no_round_can_reach_names_both_keys():
     with pytest.raises(ConfigError, match="the 8 clients of key 'min-nodes'"):
         resolve_config({"min-nodes": 8, "min-valid-replies": 9})
     cfg = resolve_config({"clients-per-round": 3, "min-valid-replies": 3})
-    assert cfg["min-valid-replies"] == 3
+    assert cfg.federation.min_valid_replies == 3
 
 
 def spec_from(spec: ModelSpec, source: str) -> ModelSpec:

@@ -308,7 +308,7 @@ def test_table3_presets_stop_before_training_without_a_gpu():
 
     for task in ("sst2", "cola", "qqp"):
         cfg = resolve_config({"preset": f"heterotune-t3-glue-{task}"})
-        assert (cfg["hf-config"], cfg["hf-test-split"], cfg["precision"]) == \
+        assert (cfg.data.hf_config, cfg.data.hf_test_split, cfg.training.precision) == \
             (task, "validation", "bf16")
         with pytest.raises(ConfigError, match="'device' = 'cuda': this machine has no CUDA GPU"):
             run_federation(None, cfg)  # stops before any node is asked

@@ -62,8 +62,9 @@ def test_prefix_allocation_of_both_methods():
 
 def test_exit_placement_rules():
     assert exit_depths(12, 3) == (3, 6, 9, 12)
-    assert exit_every({"depthfl-exit-every": 0}, 12) == 3  # auto: four exits on 12 blocks
-    assert exit_every({"depthfl-exit-every": 0}, 6) == 1  # 6-block MiniLM: exit after each block
+    auto = cfg(method="depthfl", **{"depthfl-exit-every": 0})
+    assert exit_every(auto, 12) == 3  # auto: four exits on 12 blocks
+    assert exit_every(auto, 6) == 1  # 6-block MiniLM: exit after each block
     assert exit_depths(6, 1) == (1, 2, 3, 4, 5, 6)
     assert exit_depths(6, 4) == (4, 6)  # the model's own head is always the last exit
     assert client_depth(5, (3, 6, 9, 12)) == 3 and client_depth(12, (3, 6, 9, 12)) == 12
@@ -280,7 +281,8 @@ def test_both_scores_are_recorded_and_the_key_picks_the_headline(headline):
 
 
 def test_the_fedra_and_fedbrick_presets_score_depthfl_by_its_last_exit():
-    assert resolve_config({"method": "depthfl"})["depthfl-headline"] == "ensemble"
+    assert resolve_config({"method": "depthfl"}).own.depthfl_headline == "ensemble"
     for preset in ("fedra-t1-nico", "fedra-t2-domainnet", "fedra-t4-nico-dynamic",
                    "fedbrick-t1-nico", "mpnet-fedra-t1-bbc", "offline-feature-skew"):
-        assert resolve_config({"preset": preset})["depthfl-headline"] == "last-exit"
+        depthfl = resolve_config({"preset": preset, "method": "depthfl"})
+        assert depthfl.own.depthfl_headline == "last-exit"

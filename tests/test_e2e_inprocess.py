@@ -23,14 +23,14 @@ SMOKE_CAPACITIES = [4, 2, 1]
 def run(tmp_path, **keys):
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path), **keys}
     cfg = resolve_config(rc)
-    grid = InProcessGrid(client_app, simulation_nodes(len(cfg["capacities"].split(","))), rc)
+    grid = InProcessGrid(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc)
     return Path(run_federation(grid, cfg)), grid, cfg
 
 
 def smoke_initial_state(cfg):
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, 10)),
                             AdapterSpec.from_config(cfg.adapter))
-    return initial_state(model, cfg["seed"])
+    return initial_state(model, cfg.seed)
 
 
 @pytest.mark.parametrize("method", ["fedra", "all-large", "all-small"])

@@ -3,6 +3,7 @@ registers a method that runs end to end, allocation checked by hand."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,15 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fedra_rare.py"
 def fedra_rare():
     """Import the example (it registers itself); afterwards the registry is as before, so the
     other tests (pyproject.toml lists every registered key) never see it."""
-    before = dict(METHODS), dict(config.KEYS), dict(config.KEY_OWNERS)
+    registries = METHODS, config.KEYS, config.KEY_OWNERS, config.METHOD_PARTS
+    before = [dict(registry) for registry in registries]
     spec = importlib.util.spec_from_file_location("fedra_rare_example", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     yield module
-    for registry, saved in zip((METHODS, config.KEYS, config.KEY_OWNERS), before):
+    del sys.modules[spec.name]
+    for registry, saved in zip(registries, before):
         registry.clear()
         registry.update(saved)
 
@@ -60,7 +64,8 @@ def test_two_rounds_give_every_client_its_least_trained_blocks(fedra_rare, tmp_p
 
 def test_its_key_and_its_check_work_like_any_method(fedra_rare):
     cfg = resolve_config({"preset": "smoke", "method": "fedra-rare"})
-    assert cfg["fedra-rare-power"] == 1.0 and METHODS["fedra-rare"].strategy is fedra_rare.FedRARare
+    assert cfg.own.fedra_rare_power == 1.0
+    assert METHODS["fedra-rare"].strategy is fedra_rare.FedRARare
     with pytest.raises(ConfigError, match="'fedra-rare-power' = -1.0 is below its minimum 0"):
         resolve_config({"method": "fedra-rare", "fedra-rare-power": -1.0})
     with pytest.raises(ConfigError, match="'missing-layer-policy' = 'cover-all'.*fedra-rare"):

@@ -26,7 +26,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from fedtune_app.apps.evaluation import build_global
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.groups import GroupedModel
 from fedtune_app.data.splits import class_names_of, run_num_classes, run_splits
 from fedtune_app.methods import resolve_config
@@ -72,7 +72,7 @@ def fake_run(tmp_path, run_config: dict, seed: int = 0):
                   for n, p in trainable_parameters(m).items()}
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"run-config": cfg, "clients": []}))
+    (folder / "config.json").write_text(json.dumps({"run-config": dict(cfg.flat), "clients": []}))
     (folder / "metrics.json").write_text(json.dumps([{"round": 2, "accuracy": 0.5}]))
     save_file(state, str(folder / "state.safetensors"))
     if not isinstance(model, GroupedModel):
@@ -125,9 +125,9 @@ def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config)
 
     file = str(out / "merged" / "model.safetensors")
     config = json.loads((out / "merged" / "config.json").read_text())
-    assert config["architecture"] == cfg["model"]
+    assert config["architecture"] == cfg.model.model
     assert config["label_names"] == class_names_of(cfg.data) == [str(d) for d in range(10)]
-    if cfg["model"].startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
+    if cfg.model.model.startswith("mixer"):  # its entrypoint fixes patch_size: load into the class
         merged = timm_base(cfg)
         timm.models.load_checkpoint(merged, file, strict=True)
     else:  # timm's own front door for a saved folder: architecture, arguments, weights, labels
@@ -161,7 +161,7 @@ def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir)
     expected = fedtune_logits(model, recipe, inputs)
     tol = tolerance(expected, depth=3, width=32)
 
-    torch.manual_seed(cfg["model-seed"])  # fedtune's seeded random init of the base
+    torch.manual_seed(cfg.model.model_seed)  # fedtune's seeded random init of the base
     config = AutoConfig.from_pretrained(tiny_bert_dir, num_labels=5)
     config._attn_implementation = "eager"
     base = AutoModelForSequenceClassification.from_config(config)
@@ -291,8 +291,8 @@ def test_cli_exports_a_real_run(tmp_path, capsys):
     assert main(["export", str(folder), "--merge", "--out", str(tmp_path / "exp")]) == 0
     out = tmp_path / "exp"
     assert capsys.readouterr().out.strip().endswith(str(out))
-    cfg = json.loads((folder / "config.json").read_text())["run-config"]
-    model, recipe = build_global(resolve_config(cfg))
+    cfg = resolve_config(json.loads((folder / "config.json").read_text())["run-config"])
+    model, recipe = build_global(cfg)
     recipe.load(model, load_file(str(folder / "state.safetensors")))
     images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4))
     expected = fedtune_logits(model, recipe, images)
@@ -321,7 +321,7 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
     inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     expected = fedtune_logits(model, recipe, inputs)
     tol = tolerance(expected, depth=4, width=64)
-    torch.manual_seed(cfg["model-seed"])  # fedtune's seeded random init of the base
+    torch.manual_seed(cfg.model.model_seed)  # fedtune's seeded random init of the base
     config = AutoConfig.from_pretrained(path, num_labels=5)
     config._attn_implementation = "eager"
     base = AutoModelForSequenceClassification.from_config(config)
@@ -341,7 +341,7 @@ MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "trai
                   "test-subset": 100, "max-length": 32, "num-server-rounds": 2}
 
 
-def bbc_test_articles(cfg: dict) -> tuple[list[str], np.ndarray]:
+def bbc_test_articles(cfg: RunConfig) -> tuple[list[str], np.ndarray]:
     """The run's test articles as raw text, with their labels (the fixed split, re-drawn)."""
     from fedtune_app.data.sources import stratified_split
     from fedtune_app.data.splits import (SPLIT_SEED, TEST_FRACTION, _bbc_news,
@@ -349,7 +349,7 @@ def bbc_test_articles(cfg: dict) -> tuple[list[str], np.ndarray]:
 
     texts, labels, _ = _bbc_news()
     _, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
-    test = _stratified_subset(test, labels, cfg["test-subset"], SPLIT_SEED + 2)
+    test = _stratified_subset(test, labels, cfg.data.test_subset, SPLIT_SEED + 2)
     return [texts[i] for i in test], labels[test]
 
 

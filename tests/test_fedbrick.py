@@ -228,7 +228,7 @@ def test_fit_trains_stage_one_then_stage_two_with_annealed_alpha(setup):
 
     from fedtune_app.data.splits import Examples
 
-    recipe = Recorder(cfg | {"batch-size": 2, "fedbrick-stage2-epochs": 2, "lr": 0.05})
+    recipe = Recorder(cfg.replace(**{"batch-size": 2, "fedbrick-stage2-epochs": 2, "lr": 0.05}))
     plan = (0, 2)
     recipe.configure({"layers": list(plan), "brick-domain": "all"})
     params = recipe.trainables(model, plan)
@@ -255,8 +255,8 @@ def test_stage_two_steps_cap_each_epoch(setup):
 
     from fedtune_app.data.splits import Examples
 
-    recipe = Recorder(cfg | {"batch-size": 2, "fedbrick-stage2-epochs": 2,
-                             "fedbrick-stage2-steps": 2, "lr": 0.0})
+    recipe = Recorder(cfg.replace(**{"batch-size": 2, "fedbrick-stage2-epochs": 2,
+                             "fedbrick-stage2-steps": 2, "lr": 0.0}))
     plan = (0, 2)
     recipe.configure({"layers": list(plan), "brick-domain": "all"})
     params = recipe.trainables(model, plan)
@@ -281,7 +281,7 @@ def test_server_distillation_with_sgd_is_one_plain_gradient_step(setup):
                    seed=0, device=torch.device("cpu"), optimizer="sgd")
     for p, e in zip(bricks.parameters(), expected):
         torch.testing.assert_close(p.detach(), e, rtol=0, atol=NETWORK_FLOAT64_ATOL)
-    assert resolve_config({"method": "fedbrick"})["fedbrick-server-optimizer"] == "adam"
+    assert resolve_config({"method": "fedbrick"}).own.fedbrick_server_optimizer == "adam"
 
 
 # -- server: layer-wise distillation, aggregation -----------------------------------------------

@@ -18,12 +18,12 @@ from safetensors.torch import save_file
 
 from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.model.frozen_weights import ensure_checkpoint, with_checkpoint
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.methods import resolve_config
 from fedtune_app.apps.server import run_federation
 
 
-def cfg_for(path: Path, sha: str, cache: Path) -> dict:
+def cfg_for(path: Path, sha: str, cache: Path) -> RunConfig:
     return resolve_config({"checkpoint-url": path.as_uri(), "checkpoint-sha256": sha,
                            "checkpoint-dir": str(cache)})
 
@@ -91,7 +91,7 @@ def test_archive_is_unpacked_into_a_directory(tmp_path):
 ])
 def test_bad_checkpoint_keys_name_the_key(blob, tmp_path, changes, match):
     path, sha, _ = blob
-    cfg = cfg_for(path, sha, tmp_path / "cache") | changes
+    cfg = cfg_for(path, sha, tmp_path / "cache").replace(**changes)
     with pytest.raises(ConfigError, match=match):
         ensure_checkpoint(cfg.model)
 

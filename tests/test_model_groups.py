@@ -40,7 +40,7 @@ def test_group_keys_one_entry_serves_every_group():
     assert [s["model"] for s in specs] == ["vit_tiny_patch16_224"] * 2
     assert [s["model-source"] for s in specs] == ["random"] * 2
     assert specs[1]["model-args"].endswith("embed_dim=32,depth=3")
-    assert group_config(cfg, 1)["model-args"] == specs[1]["model-args"]
+    assert group_config(cfg, 1).model.model_args == specs[1]["model-args"]
     assert group_config(cfg, None) is cfg
     assert group_depths(cfg) == [2, 3]  # read from the architecture (meta device)
 
@@ -128,7 +128,7 @@ def test_two_group_homo_run_trains_each_group_model_and_reports_per_group(tmp_pa
     from fedtune_app.apps.evaluation import build_global
 
     model, recipe = build_global(cfg)
-    initial = recipe.initial_state(model, cfg["seed"])
+    initial = recipe.initial_state(model, cfg.seed)
     assert set(initial) == set(state)
     for g in (0, 1):  # both groups trained their own head
         assert not np.allclose(initial[f"{prefix(g)}head.weight"], state[f"{prefix(g)}head.weight"])

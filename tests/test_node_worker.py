@@ -21,7 +21,7 @@ import pytest
 
 from localdeploy import ROOT, LocalDeployment
 from fedtune_app.apps.node_worker import delegate, read_authkey
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 
 
 def start_worker(tmp_path: Path, name: str = "worker") -> tuple[subprocess.Popen, Path, Path]:
@@ -132,7 +132,7 @@ def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_p
     assert served_by(log, before + 4)[before:] == [(str(proc.pid), "query")] * 4
 
 
-def train_message(cfg: dict, plan: tuple, server_round: int):
+def train_message(cfg: RunConfig, plan: tuple, server_round: int):
     from fedtune_app.data.splits import run_num_classes
     from fedtune_app.federated.records import to_record
     from fedtune_app.federated.wire import TrainTask

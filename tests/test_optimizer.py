@@ -11,7 +11,7 @@ import torch
 from floats import float64_atol
 from torch import nn
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.splits import Examples
 from fedtune_app.methods import resolve_config
 from fedtune_app.training.local import round_lr, train_local
@@ -27,19 +27,19 @@ class Linear(nn.Module):
         self.w = nn.Parameter(torch.tensor(W0, dtype=torch.float64))
 
 
-def steps(cfg: dict, epochs: int) -> np.ndarray:
+def steps(cfg: RunConfig, epochs: int) -> np.ndarray:
     """``epochs`` optimizer steps (one batch each) on loss = sum(G * w): gradient G each step."""
     model, g = Linear(), torch.tensor(G)
     data = Examples(torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))
-    train_local(model, [model.w], data, (cfg | {"local-epochs": epochs, "batch-size": 4,
-                                                 "grad-clip": 0.0}).training,
+    training = cfg.replace(**{"local-epochs": epochs, "batch-size": 4, "grad-clip": 0.0}).training
+    train_local(model, [model.w], data, training,
                 seed=0, device=CPU, loss_fn=lambda x, y: (g * model.w).sum())
     return model.w.detach().numpy()
 
 
 def test_sgd_step_is_w_minus_lr_times_gradient_plus_l2():
     cfg = resolve_config({"lr": 0.1, "weight-decay": 0.01, "momentum": 0.9})
-    assert cfg["optimizer"] == "sgd"  # the default: the main job is unchanged
+    assert cfg.training.optimizer == "sgd"  # the default: the main job is unchanged
     # one step: w - lr (G + wd w); momentum's buffer starts at the first gradient
     expected = W0 - 0.1 * (G + 0.01 * W0)
     np.testing.assert_allclose(steps(cfg, 1), expected, rtol=0,
@@ -63,16 +63,16 @@ def test_adamw_steps_move_each_weight_by_lr_in_the_gradients_direction(weight_de
 
 
 def test_round_lr_warm_up_then_constant_or_cosine():
-    base = {"lr": 0.2, "num-server-rounds": 10, "lr-warmup-rounds": 0}
-    constant = base | {"lr-schedule": "constant"}
+    base = resolve_config({"lr": 0.2, "num-server-rounds": 10, "lr-warmup-rounds": 0})
+    constant = base.replace(**{"lr-schedule": "constant"})
     assert [round_lr(constant, t) for t in (1, 5, 10)] == [0.2, 0.2, 0.2]
-    cosine = base | {"lr-schedule": "cosine"}
+    cosine = base.replace(**{"lr-schedule": "cosine"})
     # (1 + cos(pi (t - 1) / 10)) / 2: 1 at t = 1, 1/2 at t = 6, (1 + cos(0.9 pi)) / 2 at t = 10
     assert round_lr(cosine, 1) == 0.2
     assert round_lr(cosine, 6) == pytest.approx(0.1, abs=1e-15)
     assert round_lr(cosine, 10) == pytest.approx(0.2 * (1 + math.cos(0.9 * math.pi)) / 2,
                                                  abs=1e-15)
-    warm = cosine | {"lr-warmup-rounds": 2}
+    warm = cosine.replace(**{"lr-warmup-rounds": 2})
     # rounds 1, 2 ramp to lr; cosine over the 8 rounds 3..10 starts at lr, halves at round 7
     assert round_lr(warm, 1) == pytest.approx(0.1, abs=1e-15)
     assert round_lr(warm, 2) == 0.2
@@ -90,12 +90,13 @@ def test_a_warm_up_over_every_round_is_refused():
 @pytest.mark.parametrize("task", ["sst2", "cola", "qqp"])
 def test_llama_presets_run_adamw_and_the_vision_presets_sgd(task):
     llama = resolve_config({"preset": f"heterotune-t3-glue-{task}"})
-    assert (llama["optimizer"], llama["lr"], llama["adam-beta1"], llama["adam-beta2"],
-            llama["adam-eps"], llama["weight-decay"], llama["lr-schedule"]) == \
-        ("adamw", 1e-5, 0.9, 0.999, 1e-8, 0.0, "constant")
+    t = llama.training
+    assert (t.optimizer, t.lr, t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay,
+            t.lr_schedule) == ("adamw", 1e-5, 0.9, 0.999, 1e-8, 0.0, "constant")
     for preset in ("heterotune-t1-cifar10", "fedra-t1-nico", "fedbrick-t1-nico"):
         cfg = resolve_config({"preset": preset})
-        assert (cfg["optimizer"], cfg["lr"], cfg["lr-schedule"]) == ("sgd", 0.01, "constant")
+        t = cfg.training
+        assert (t.optimizer, t.lr, t.lr_schedule) == ("sgd", 0.01, "constant")
 
 
 def test_clients_train_at_the_rounds_scheduled_rate(tmp_path):

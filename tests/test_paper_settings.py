@@ -124,7 +124,7 @@ def test_default_position_on_a_bert_block(tiny_bert_dir):
 
 def test_depthfl_defaults_fedavg_ramp_and_no_lost_layers():
     config = resolve_config({"method": "depthfl"})
-    assert config["depthfl-optimizer"] == "fedavg" and config["depthfl-consistency-ramp"] == 500
+    assert config.own.depthfl_optimizer == "fedavg" and config.own.depthfl_consistency_ramp == 500
     caps = infos(*[(c, 10) for c in (12, 10, 8, 6, 4, 3)])
     names = [f"blocks.{j}.w" for j in range(12)] + [f"exits.{d}.w" for d in (3, 6, 9)] + \
         ["head.w"]
@@ -134,7 +134,8 @@ def test_depthfl_defaults_fedavg_ramp_and_no_lost_layers():
     assert [n for n in own.payload(tuple(range(10))) if not n.startswith("blocks.")] == \
         ["exits.3.w", "exits.6.w", "exits.9.w", "head.w"]
     assert own.objective == ("plain", 0.0)
-    paper = DepthFL(config | {"depthfl-client-depth": "exit-depth"}, caps, 12, zeros(names))
+    paper = DepthFL(config.replace(**{"depthfl-client-depth": "exit-depth"}), caps, 12,
+                    zeros(names))
     assert [len(p) for p in paper.plan_round(1, caps)] == [12, 9, 6, 6, 3, 3]
     # w_t = exp(-5 (1 - min(t-1, T)/T)^2): round 1 exp(-5); round 251 exp(-5/4); from 501 on 1
     assert consistency_weight(1, 500) == pytest.approx(math.exp(-5))
@@ -162,8 +163,8 @@ def test_heterotune_presets_are_model_group_runs(preset, counts):
                    "all-large"):
         resolve_config({"preset": preset, "method": method})  # no "needs model groups"
     config = resolve_config({"preset": preset})
-    assert config["method"] == "heterotune"
-    assert config["model-groups"].split(";") == [f"vit_{s}_patch16_224"
+    assert config.method == "heterotune"
+    assert config.model.model_groups.split(";") == [f"vit_{s}_patch16_224"
                                                  for s in ("tiny", "small", "base", "large")]
     groups = [node_model_group(config, pid, 100, 1) for pid in range(100)]
     assert [groups.count(g) for g in range(4)] == counts
@@ -179,9 +180,10 @@ def test_fedra_table_5_presets_use_the_all_smaller_profiles():
         eq2 = resolve_config({"preset": f"fedra-t3-nico-{name}"})  # Table 5's Eq. 2 row
         assert client_capacities(eq3) == client_capacities(eq2) == caps
         assert max(caps) < 12  # some block can be missing in a round: Eq. 2 and 3 differ
-        assert eq3["missing-layer-policy"] == "cover-all"
-        assert eq2["missing-layer-policy"] == "keep-previous"
-        assert {k for k in eq3 if eq3[k] != eq2[k]} == {"preset", "missing-layer-policy"}
+        assert eq3.federation.missing_layer_policy == "cover-all"
+        assert eq2.federation.missing_layer_policy == "keep-previous"
+        assert {k for k in eq3.flat if eq3.flat[k] != eq2.flat[k]} == {"preset",
+                                                                      "missing-layer-policy"}
 
 
 # -- 6. one client per domain each round (FedRA Table 2) ----------------------------------------
@@ -198,7 +200,7 @@ def test_per_domain_sampling_picks_one_client_of_each_domain():
         assert picked == expected
         assert sorted(domains[p] for p in picked) == ["a", "b", "c"]
     for t2 in ("fedra-t2-nico", "fedra-t2-domainnet"):
-        assert resolve_config({"preset": t2})["client-sampling"] == "per-domain"
+        assert resolve_config({"preset": t2}).federation.client_sampling == "per-domain"
     with pytest.raises(ConfigError, match="'client-sampling' = 'per-domain' needs"):
         check_scenario(smoke(**{"client-sampling": "per-domain"}), None)
     cfg = resolve_config({"preset": "offline-feature-label-skew", "clients-per-round": 5})
@@ -222,9 +224,9 @@ def test_fedbrick_first_round_clients_receive_distilled_bricks(tmp_path):
     model, recipe = build_global(cfg)
     clients = [ClientInfo(**c) for c in json.loads((folder / "config.json").read_text())
                ["clients"]]
-    again = FedBRICK(cfg, clients, model.num_blocks, recipe.initial_state(model, cfg["seed"]))
+    again = FedBRICK(cfg, clients, model.num_blocks, recipe.initial_state(model, cfg.seed))
     again.attach(model, recipe)
-    initial = initial_bricks(again.state, cfg["seed"])
+    initial = initial_bricks(again.state, cfg.seed)
     again.server_distill(again.state, 1)
     for payload, domain in zip(sent, ("original", "inverted")):
         bricks = {n: v for n, v in payload.items() if n.startswith("bricks.")}
@@ -241,7 +243,7 @@ def test_fedbrick_applies_feddyns_server_step():
                           "local-objective": "feddyn", "feddyn-alpha": 0.1,
                           "fedbrick-server-epochs": 0, "capacities": "2,1"})
     names = ["blocks.0.w", "blocks.1.w", "head.w", "bricks.all.0.B1", "bricks.all.1.B1"]
-    strategy = FedBRICK(cfg | {"partitioner": "iid"}, infos((2, 10), (1, 30)), 2, zeros(names))
+    strategy = FedBRICK(cfg.replace(partitioner="iid"), infos((2, 10), (1, 30)), 2, zeros(names))
     strategy.history.append(RoundLog(1, plans={0: (0, 1), 1: (1,)}))
     new = strategy.aggregate([ClientUpdate("0", {"blocks.0.w": f32(4, 4), "head.w": f32(1, 1)},
                                            10),
@@ -280,7 +282,8 @@ def test_compare_reports_headline_average_and_pooled_overall(tmp_path):
 # -- 9. the official FedRA code's batch cap and unweighted means (off by default) -------------
 
 def test_official_fedra_batch_cap_and_unweighted_means(tmp_path):
-    assert not smoke()["fedra-repo-batch-cap"] and not smoke()["fedra-repo-unweighted"]
+    assert not smoke().training.fedra_repo_batch_cap
+    assert not smoke().federation.fedra_repo_unweighted
     # smallest client 65 examples at batch 32: m = 3 batches; the official loop runs m + 1
     capped = FedRA(smoke(**{"fedra-repo-batch-cap": True}),
                    infos((1, 100), (1, 65), (1, 300)), 4, {})
@@ -319,7 +322,7 @@ def test_all_small_under_dynamic_capacities_trains_the_table1_model():
     from fedtune_app.methods.baselines import AllSmall
 
     config = resolve_config({"preset": "fedra-t4-nico-dynamic", "method": "all-small"})
-    assert (config["all-small-layers"], config["capacities"]) == (3, "12*6")
+    assert (config.own.all_small_layers, config.federation.capacities) == (3, "12*6")
     strategy = AllSmall(config, infos(*[(12, 10)] * 6), 12, zeros(["head.w"]))
     # whatever the round drew (here 1 and 12 blocks), every client trains blocks 0, 1, 2
     drawn = infos((1, 10), (12, 10))

@@ -49,7 +49,7 @@ def test_paper_scenarios_have_the_papers_numbers():
     groups = [node_model_group(hetero, pid, 100, 1) for pid in range(100)]
     assert len(caps["heterotune-t1-cifar10"]) == 100
     assert [groups.count(g) for g in range(4)] == [30, 30, 20, 20]
-    assert resolve_config({"preset": "fedra-t4-nico-dynamic"})["dynamic-capacities"] is True
+    assert resolve_config({"preset": "fedra-t4-nico-dynamic"}).federation.dynamic_capacities
 
 
 def test_mpnet_presets_have_the_papers_shapes_at_their_depth():
@@ -60,24 +60,24 @@ def test_mpnet_presets_have_the_papers_shapes_at_their_depth():
     assert caps["mpnet-fedra-t3-bbc-6"] == caps["mpnet-fedbrick-t2-bbc-6"] == [6] * 6
     assert caps["mpnet-fedra-t3-bbc-mixed"] == [10, 10, 6, 6, 4, 4]
     dynamic = resolve_config({"preset": "mpnet-fedra-t4-bbc-dynamic"})
-    assert caps["mpnet-fedra-t4-bbc-dynamic"] == [12] * 6 and dynamic["dynamic-capacities"]
+    assert caps["mpnet-fedra-t4-bbc-dynamic"] == [12] * 6 and dynamic.federation.dynamic_capacities
     groups = resolve_config({"preset": "mpnet-groups-bbc"})
-    assert groups["model-groups"] == "all-MiniLM-L6-v2;all-mpnet-base-v2"
+    assert groups.model.model_groups == "all-MiniLM-L6-v2;all-mpnet-base-v2"
     for name in caps:
         cfg = resolve_config({"preset": name})
-        assert (cfg["dataset"], cfg["model"]) == ("bbc-news", "all-mpnet-base-v2")
+        assert (cfg.data.dataset, cfg.model.model) == ("bbc-news", "all-mpnet-base-v2")
 
 
 @pytest.mark.parametrize("name", [p for p in PAPER if "domainnet" in p or "nico" in p][:2]
                          + [p for p in PAPER if "heterotune" in p][:1])
 def test_paper_presets_without_their_data_fail_clearly(name):
     cfg = resolve_config({"preset": name})
-    if cfg["dataset"] == "hf":
+    if cfg.data.dataset == "hf":
         message = "'hf-dataset' = 'uoft-cs/cifar10' could not be loaded"
     else:
-        if Path(cfg["data-dir"]).expanduser().is_dir():
-            pytest.skip(f"{cfg['data-dir']} exists on this machine")
-        message = re.escape(f"dataset '{cfg['dataset']}': 'data-dir' = ") + ".* is not a folder"
+        if Path(cfg.data.data_dir).expanduser().is_dir():
+            pytest.skip(f"{cfg.data.data_dir} exists on this machine")
+        message = re.escape(f"dataset '{cfg.data.dataset}': 'data-dir' = ") + ".* is not a folder"
     with pytest.raises(ConfigError, match=message):
         run_splits(cfg)
 
@@ -131,10 +131,10 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     preset = resolve_config({"preset": name})
     rc = {"preset": name, "results-dir": str(tmp_path), "num-server-rounds": 1,
           "test-subset": 60}
-    if preset["dataset"] == "bbc-news":
+    if preset.data.dataset == "bbc-news":
         rc |= {"train-subset": 400, "min-partition-size": 2, "max-length": 24}
-    if preset["dataset"] == "multi-domain-digits":
-        family = "mixer" if "mixer" in preset["model"] else "vit"
+    if preset.data.dataset == "multi-domain-digits":
+        family = "mixer" if "mixer" in preset.model.model else "vit"
         rc |= {"model-source": checkpoints[family], "train-subset": 180 if "label" not in name
                else 600, "min-partition-size": 3}
     cfg = resolve_config(rc)
@@ -142,7 +142,7 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     record = json.loads((Path(folder) / "metrics.json").read_text())[0]
     clients = json.loads((Path(folder) / "config.json").read_text())["clients"]
     groups = record["accuracy-per-group"]
-    if cfg["dataset"] == "multi-domain-digits":
+    if cfg.data.dataset == "multi-domain-digits":
         # 60 test images stratified by (domain, class): 10 per domain, so the overall accuracy
         # is the mean of the six per-domain accuracies
         assert list(groups) == list(domain_list(cfg.data))
@@ -155,7 +155,7 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
     declared = {c["partition_id"]: c["capacity"] for c in clients}
     for pid, count in zip(allocation["clients"], held):
         assert 1 <= count <= declared[pid]
-        if not cfg["dynamic-capacities"]:
+        if not cfg.federation.dynamic_capacities:
             assert count == declared[pid]
     assert (Path(folder) / "partition.png").stat().st_size > 10_000
 
@@ -176,12 +176,12 @@ def test_mixer_checkpoint_loads_through_the_class_fallback(checkpoints):
 def test_official_code_presets_differ_from_the_paper_text_only_by_its_keys(table, rounds, data):
     paper = resolve_config({"preset": f"fedra-{table}-{data}"})
     official = resolve_config({"preset": f"fedra-{table}-{data}-official"})
-    changed = {k for k in paper if k != "preset" and paper[k] != official[k]}
+    changed = {k for k in paper.flat if k != "preset" and paper.flat[k] != official.flat[k]}
     expected = {"fedra-repo-batch-cap", "fedra-repo-unweighted", "inclusivefl-aggregation",
                 "screen-updates"} | ({"num-server-rounds"} if rounds != 100 else set())
     assert changed == expected
-    assert (official["fedra-repo-batch-cap"], official["fedra-repo-unweighted"],
-            official["inclusivefl-aggregation"], official["screen-updates"],
-            official["num-server-rounds"], official["depthfl-headline"]) == \
+    assert (official.training.fedra_repo_batch_cap, official.federation.fedra_repo_unweighted,
+            official.flat["inclusivefl-aggregation"], official.robust.screen_updates,
+            official.federation.num_server_rounds, official.flat["depthfl-headline"]) == \
         (True, True, "mean", False, rounds, "last-exit")
-    assert paper["num-server-rounds"] == 100  # the paper's text: "100 rounds"
+    assert paper.federation.num_server_rounds == 100  # the paper's text: "100 rounds"

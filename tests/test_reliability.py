@@ -119,7 +119,7 @@ def test_too_few_valid_replies_keep_the_previous_state(tmp_path):
     cfg = resolve_config(TINY | keys)
     model = attach_adapters(build_backbone(ModelSpec.from_config(cfg.model, run_num_classes(cfg))),
                             AdapterSpec.from_config(cfg.adapter))
-    assert_same_tensors(final_state(folder), initial_state(model, cfg["seed"]))
+    assert_same_tensors(final_state(folder), initial_state(model, cfg.seed))
 
 
 def test_fault_injection_key_is_parsed_and_checked():

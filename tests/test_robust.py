@@ -21,7 +21,7 @@ f32 = lambda *v: np.array(v, dtype=np.float32)  # noqa: E731
 
 def cfg(**keys):
     """The robustness part of the default run config with ``keys`` changed."""
-    return (CFG | keys).robust
+    return CFG.replace(**keys).robust
 
 
 # 5 holders of 'a' (its state 0), one holder of 'b' (its state 1)

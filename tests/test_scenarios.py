@@ -147,7 +147,7 @@ def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():
     assert fedra[0][0] != fedra[1][0]
     # AllSmall ignores the draws (FedRA Table 4 repeats Table 1's AllSmall row): the model of
     # 'all-small-layers' blocks every round
-    cfg = cfg | {"all-small-layers": 3}
+    cfg = cfg.replace(**{"method": "all-small", "all-small-layers": 3})
     for _, plans in three_rounds("all-small"):
         assert plans == [(0, 1, 2)] * 6
 
@@ -172,6 +172,6 @@ def test_dirichlet_with_quantity_skew_lets_big_clients_keep_growing():
         grew += sum(per_class[2] > 0 for per_class in counts[False]
                     if sum(per_class[:2]) > 100)
     assert grew > 0  # without it a client above the average still draws later classes
-    assert cfg_of()["dirichlet-self-balancing"] is True  # the default is unchanged
+    assert cfg_of().data.dirichlet_self_balancing is True  # the default is unchanged
     for preset in ("heterotune-t1-cifar10", "heterotune-t5-cifar10-ratio"):
-        assert cfg_of(preset=preset)["dirichlet-self-balancing"] is False
+        assert cfg_of(preset=preset).data.dirichlet_self_balancing is False

@@ -44,8 +44,8 @@ def test_declared_capacities_sampling_and_rounds_without_evaluation(tmp_path):
             p: {0: 3, 1: 1, 2: 2}[p] for p in rows}
     # the DP budget: 2 of the 3 clients per round, sampling rate 2/3, not 1
     for r, m in enumerate(metrics, 1):
-        assert m["dp-epsilon"] == pytest.approx(dp_epsilon(cfg, r, 2 / 3), rel=1e-12)
-        assert m["dp-epsilon"] < dp_epsilon(cfg, r, 1.0)
+        assert m["dp-epsilon"] == pytest.approx(dp_epsilon(cfg.robust, r, 2 / 3), rel=1e-12)
+        assert m["dp-epsilon"] < dp_epsilon(cfg.robust, r, 1.0)
 
 
 def test_a_node_declaring_more_blocks_than_the_model_has_stops_the_run(tmp_path):

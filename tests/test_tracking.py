@@ -44,7 +44,7 @@ def test_tensorboard_reads_back_every_round(tmp_path, caplog):
 
     seen = []
     with caplog.at_level(logging.INFO, logger="fedtune"), \
-            round_listener(lambda cfg, record: seen.append((cfg["method"], record["round"]))):
+            round_listener(lambda cfg, record: seen.append((cfg.method, record["round"]))):
         folder = run(tmp_path, tracker="tensorboard")
     assert seen == [("fedra", 1), ("fedra", 2)]  # what compare's progress bar counts
     lines = [m for m in caplog.messages if m.startswith("round ")]
@@ -140,8 +140,9 @@ def test_a_missing_tracker_package_is_a_config_error_naming_the_key(tmp_path, mo
 
     from fedtune_app.apps.tracking import make_tracker
     from fedtune_app.config import ConfigError
+    from fedtune_app.methods import resolve_config
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     with pytest.raises(ConfigError, match="'tracker' = 'wandb' needs the package 'wandb'"):
-        make_tracker({"tracker": "wandb"}, tmp_path)
-    assert make_tracker({"tracker": ""}, tmp_path) is None
+        make_tracker(resolve_config({"tracker": "wandb"}), tmp_path)
+    assert make_tracker(resolve_config({"tracker": ""}), tmp_path) is None

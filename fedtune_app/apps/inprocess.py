@@ -148,7 +148,7 @@ def progress(run_configs: list[dict], desc: str = "runs"):
     from fedtune_app.apps.results import round_listener
     from fedtune_app.methods import resolve_config
 
-    total = sum(resolve_config(rc)["num-server-rounds"] for rc in run_configs)
+    total = sum(resolve_config(rc).federation.num_server_rounds for rc in run_configs)
     with tqdm(total=total, desc=desc, unit="round") as bar, round_listener(
             lambda cfg, record: (bar.set_postfix_str(f"{cfg.method} seed {cfg.seed}"),
                                  bar.update())):

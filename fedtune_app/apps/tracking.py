@@ -96,8 +96,8 @@ class WandbTracker(Tracker):
     def __init__(self, cfg: RunConfig, folder: Path):
         import wandb
 
-        self.run = wandb.init(project="fedtune", name=folder.name, config=cfg, dir=str(folder),
-                              mode=os.environ.get("WANDB_MODE", "offline"))
+        self.run = wandb.init(project="fedtune", name=folder.name, config=dict(cfg.flat),
+                              dir=str(folder), mode=os.environ.get("WANDB_MODE", "offline"))
 
     def log_round(self, step, scalars):
         self.run.log(scalars, step=step)
