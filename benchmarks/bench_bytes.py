@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import argparse
 
-from common import save, table
-
 import numpy as np  # noqa: E402
 from flwr.app import Message  # noqa: E402
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state  # noqa: E402
-from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
+from common import save, table
 from fedtune_app.config import app_defaults  # noqa: E402
-from fedtune_app.methods import resolve_config  # noqa: E402
 from fedtune_app.data.splits import run_num_classes
-from fedtune_app.methods import METHODS  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo, from_record, to_record  # noqa: E402
 from fedtune_app.federated.wire import TrainReply, TrainTask  # noqa: E402
+from fedtune_app.methods import (
+    METHODS,  # noqa: E402
+    resolve_config,  # noqa: E402
+)
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state  # noqa: E402
+from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 

@@ -17,10 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import save, table
-
 import torch  # noqa: E402
 
+from common import save, table
 from fedtune_app.config import RunConfig, app_defaults  # noqa: E402
 from fedtune_app.data.splits import Examples  # noqa: E402
 from fedtune_app.methods import recipe_for, resolve_config  # noqa: E402

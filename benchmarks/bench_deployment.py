@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 from tests.localdeploy import LocalDeployment  # noqa: E402
 
-
 POLL_INTERVAL = ""
 
 

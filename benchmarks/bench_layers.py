@@ -14,17 +14,16 @@ import argparse
 import statistics
 import time
 
-from common import save, table
-
 import torch  # noqa: E402
 
-from fedtune_app.model.adapters import trainable_parameters  # noqa: E402
+from common import save, table
 from fedtune_app.apps.client import runtime  # noqa: E402
 from fedtune_app.config import app_defaults  # noqa: E402
-from fedtune_app.methods import resolve_config  # noqa: E402
 from fedtune_app.data.splits import run_splits
-from fedtune_app.training.local import train_local  # noqa: E402
+from fedtune_app.methods import resolve_config  # noqa: E402
+from fedtune_app.model.adapters import trainable_parameters  # noqa: E402
 from fedtune_app.model.block_store import hold_blocks  # noqa: E402
+from fedtune_app.training.local import train_local  # noqa: E402
 
 JOBS = {"default": {}, "smoke": {"preset": "smoke"}}
 

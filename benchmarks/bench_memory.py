@@ -162,9 +162,9 @@ def child_before(run_config: dict, capacity: int, cache: str) -> dict:
 
 def block_bytes(run_config: dict) -> tuple[int, int]:
     """(bytes outside the blocks, bytes of one block), from the architecture."""
+    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.backbones import ModelSpec
-    from fedtune_app.data.splits import run_num_classes
     from fedtune_app.model.block_store import frozen_bytes
 
     cfg = resolve_config(run_config)

@@ -14,14 +14,12 @@ import dataclasses
 import statistics
 import time
 
-from common import DEFAULT_JOB, SMOKE_JOB, save, table
-
 import numpy as np  # noqa: E402
 
+from common import DEFAULT_JOB, SMOKE_JOB, save, table
 from fedtune_app.apps.evaluation import build_global  # noqa: E402
 from fedtune_app.federated.aggregation import ClientUpdate  # noqa: E402
-from fedtune_app.federated.robust import (combine, dp_combine, screen,  # noqa: E402
-                                          state_problem)
+from fedtune_app.federated.robust import combine, dp_combine, screen, state_problem  # noqa: E402
 from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
 from fedtune_app.methods import resolve_config, strategy_class  # noqa: E402
 

@@ -18,16 +18,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (DEFAULT_JOB, GPU_JOB, GPU_JOB_8, ROOT, SMOKE_JOB, flwr_run, plain_eval,
-                    plain_train, save, table)
-
 import torch  # noqa: E402
 
+from common import (
+    DEFAULT_JOB,
+    GPU_JOB,
+    GPU_JOB_8,
+    ROOT,
+    SMOKE_JOB,
+    flwr_run,
+    plain_eval,
+    plain_train,
+    save,
+    table,
+)
+from fedtune_app.data.splits import client_examples, run_num_classes, run_splits
+from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
+from fedtune_app.methods import METHODS, resolve_config  # noqa: E402
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters  # noqa: E402
 from fedtune_app.model.backbones import ModelSpec, build_backbone  # noqa: E402
-from fedtune_app.data.splits import client_examples, run_num_classes, run_splits
-from fedtune_app.methods import METHODS, resolve_config  # noqa: E402
-from fedtune_app.federated.strategy import ClientInfo  # noqa: E402
 from fedtune_app.training.local import pick_device  # noqa: E402
 
 
@@ -42,9 +51,9 @@ def run_inprocess(workdir: Path, run_config: dict, supernodes: int) -> dict:
     """The same federation through the in-process Grid (no Ray, no SuperLink)."""
     from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
+    from fedtune_app.apps.server import run_federation
     from fedtune_app.config import app_defaults
     from fedtune_app.methods import resolve_config
-    from fedtune_app.apps.server import run_federation
 
     rc = {**app_defaults(), **run_config, "results-dir": str(workdir / "results")}
     launched = time.time()

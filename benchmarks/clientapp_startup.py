@@ -55,9 +55,9 @@ def child(preset: str) -> dict:
     handle_query(query, context)
     t3 = time.perf_counter()
 
-    from fedtune_app.model.adapters import initial_state, names_for_plan
     from fedtune_app.apps.client import runtime
     from fedtune_app.federated.strategy import to_record
+    from fedtune_app.model.adapters import initial_state, names_for_plan
 
     cfg = resolve_config(run_config)
     model, _ = runtime(cfg)

@@ -22,10 +22,10 @@ import difflib
 import functools
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-mean", "fltrust", "centred-clip",

@@ -8,9 +8,9 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from fedtune_app.apps.client_app import app as client_app
+from fedtune_app.apps.server import run_federation
 from fedtune_app.config import RunConfig
 from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
 from inprocess import InProcessGrid, simulation_nodes
 
 # the smoke preset, smaller still: a few seconds per round on a busy CPU

@@ -1,7 +1,11 @@
 import numpy as np
 
-from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
-                                              masked_weighted_mean, reply_problem)
+from fedtune_app.federated.aggregation import (
+    ClientUpdate,
+    keyed_weighted_mean,
+    masked_weighted_mean,
+    reply_problem,
+)
 
 
 def f32(*v):

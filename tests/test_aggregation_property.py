@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
-
 from floats import assert_rounded_mean
 
 NAMES = [f"blocks.{j}.lora_A.weight" for j in range(5)] + ["head.weight"]

@@ -1,10 +1,18 @@
 import numpy as np
 import pytest
 
-from fedtune_app.federated.allocation import (allocation_matrix, check_capacities, covering_plans,
-                                    draw_round_capacities, full_plans, prefix_plans,
-                                    k_cover_plans, random_plans, smallest_prefix_plans)
 from fedtune_app.config import ConfigError
+from fedtune_app.federated.allocation import (
+    allocation_matrix,
+    check_capacities,
+    covering_plans,
+    draw_round_capacities,
+    full_plans,
+    k_cover_plans,
+    prefix_plans,
+    random_plans,
+    smallest_prefix_plans,
+)
 
 CAPS = [12, 10, 8, 6, 4, 3]
 

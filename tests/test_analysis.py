@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from fedtune_app.tools import analysis
-
 from floats import float32_atol, float64_atol
 
 BASE = {"method": "fedra", "seed": 0, "dataset": "digits", "dirichlet-alpha": 0.5,

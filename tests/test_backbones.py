@@ -2,14 +2,22 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import TINY_MIXER, TINY_VIT
-from floats import NETWORK_FLOAT64_ATOL
 from torch import nn
 
-from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name, initial_state,
-                                  load_state, local_name, names_for_plan, trainable_parameters)
-from fedtune_app.model.backbones import ModelSpec, build_backbone
+from conftest import TINY_MIXER, TINY_VIT
 from fedtune_app.config import ConfigError
+from fedtune_app.model.adapters import (
+    AdapterSpec,
+    attach_adapters,
+    global_name,
+    initial_state,
+    load_state,
+    local_name,
+    names_for_plan,
+    trainable_parameters,
+)
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from floats import NETWORK_FLOAT64_ATOL
 
 
 def reference_timm(spec: ModelSpec, plan):

@@ -9,9 +9,15 @@ import torch
 from fedtune_app.config import ConfigError
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, trainable_parameters
 from fedtune_app.model.backbones import ModelSpec, build_backbone
-from fedtune_app.model.block_store import (build_on_demand, check_memory, checkpoint_path,
-                                           frozen_bytes, hold_blocks, layered_checkpoint,
-                                           resident_weight_bytes)
+from fedtune_app.model.block_store import (
+    build_on_demand,
+    check_memory,
+    checkpoint_path,
+    frozen_bytes,
+    hold_blocks,
+    layered_checkpoint,
+    resident_weight_bytes,
+)
 
 # 12 blocks of width 32 (MLP 128), 8x8 one-channel images in 2x2 patches, 10 classes
 VIT12 = ModelSpec("vit_tiny_patch16_224", "random",
@@ -159,11 +165,10 @@ def test_memory_knob_says_how_many_blocks_fit():
 def test_node_declaring_too_little_memory_fails_the_start_up_query(tmp_path):
     """Capacity 3 of a 12-block width-128 ViT needs 17,960 + 3 x 793,088 bytes (2.3 MB): a
     node declaring memory-mb=1 is refused at the start-up query, naming the knob."""
-    from inprocess import InProcessGrid
-
     from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.server import run_federation
     from fedtune_app.methods import resolve_config
+    from inprocess import InProcessGrid
 
     rc = {"preset": "smoke", "model": VIT12.name, "model-source": "random",
           "model-args": VIT12.args.replace("embed_dim=32", "embed_dim=128"),

@@ -12,11 +12,11 @@ from client_app import app as client_app
 from fedtune_app.apps.evaluation import build_global
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError, app_defaults
+from fedtune_app.data.splits import client_examples, run_splits
 from fedtune_app.federated.aggregation import ClientUpdate, masked_weighted_mean
 from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.training.local import train_local
-from fedtune_app.data.splits import client_examples, run_splits
 from inprocess import InProcessGrid, simulation_nodes
 
 # the smoke preset's Mixer: embed_dim 32, 16 patches (8x8 image, patch 2), token MLP 16 -> 16,

@@ -10,13 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
-                                               masked_weighted_mean)
-from fedtune_app.methods import resolve_config
 from fedtune_app.data.splits import Examples, client_examples, public_split, run_splits
-from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss
+from fedtune_app.federated.aggregation import (
+    ClientUpdate,
+    keyed_weighted_mean,
+    masked_weighted_mean,
+)
+from fedtune_app.methods import resolve_config
 from fedtune_app.methods.flexifed import common_keys
-
+from fedtune_app.training.distill import consensus, digest_loss, distill, indexed, kd_loss
 from floats import FLOAT32_ROUNDING, assert_rounded_mean, float32_atol
 
 
@@ -235,8 +237,8 @@ def run_recording(keys, tmp_path):
     """Run in process; returns (results folder, train messages sent, replies per round)."""
     from fedtune_app.apps.client_app import app as client_app
     from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
-    from fedtune_app.data.scenarios import num_clients
     from fedtune_app.apps.server import run_federation
+    from fedtune_app.data.scenarios import num_clients
     from fedtune_app.federated.strategy import from_record
     from fedtune_app.federated.wire import TrainReply, TrainTask
 
@@ -347,8 +349,8 @@ def test_pfedlora_two_rounds_homogeneous_adapters_shared_across_widths(tmp_path)
 
 def test_feddf_server_distillation_on_real_group_models():
     from fedtune_app.apps.evaluation import build_global
-    from fedtune_app.methods.feddf import FedDF
     from fedtune_app.federated.strategy import ClientInfo, RoundLog
+    from fedtune_app.methods.feddf import FedDF
 
     cfg = resolve_config({**TWO_GROUPS, "method": "feddf", "distill-epochs": 2,
                           "feddf-distillation": "epochs"})

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from fedtune_app.tools.compare import compare
 from fedtune_app.config import ConfigError
+from fedtune_app.tools.compare import compare
 
 
 def test_unknown_method_fails_before_anything_runs(tmp_path):

@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import TINY_MIXER, TINY_VIT
-from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import ConfigError
 from fedtune_app.methods import resolve_config
+from fedtune_app.model.backbones import ModelSpec, build_backbone
 
 
 @pytest.mark.parametrize("key, value", [("seed", True), ("lr", "nan"), ("lr", float("inf")),

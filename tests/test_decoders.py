@@ -16,8 +16,12 @@ from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import group_config
 from fedtune_app.data.splits import run_splits
 from fedtune_app.methods import METHODS, recipe_for, resolve_config
-from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name,
-                                        trainable_parameters)
+from fedtune_app.model.adapters import (
+    AdapterSpec,
+    attach_adapters,
+    global_name,
+    trainable_parameters,
+)
 from fedtune_app.model.backbones import DECODER_TYPES, ModelSpec, build_backbone
 
 FAMILIES = {  # model type -> (config class, what differs from Llama)

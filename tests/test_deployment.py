@@ -55,9 +55,10 @@ def smoke_checkpoint(tmp_path: Path) -> tuple[Path, str]:
     import hashlib
 
     import torch
-    from conftest import TINY_MIXER
     from safetensors.torch import save_file
     from timm.models.mlp_mixer import MlpMixer
+
+    from conftest import TINY_MIXER
 
     torch.manual_seed(21)
     model = MlpMixer(num_classes=10, **TINY_MIXER.kwargs)  # smoke: img 8, patch 2, 4 blocks

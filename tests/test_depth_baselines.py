@@ -8,18 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
-from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.federated.wire import TrainTask
-from fedtune_app.model.backbones import build_backbone
-from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
-from fedtune_app.methods.depthfl import (DepthFL, DepthFLRecipe, client_depth, ensemble_log_probs,
-                                         exit_depths, exit_every, self_distillation_loss)
-from fedtune_app.methods.inclusivefl import InclusiveFL
-from fedtune_app.federated.strategy import ClientInfo, RoundLog
-
 from conftest import TINY_MIXER
+from fedtune_app.config import ConfigError
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.strategy import ClientInfo, RoundLog
+from fedtune_app.federated.wire import TrainTask
+from fedtune_app.methods import resolve_config
+from fedtune_app.methods.depthfl import (
+    DepthFL,
+    DepthFLRecipe,
+    client_depth,
+    ensemble_log_probs,
+    exit_depths,
+    exit_every,
+    self_distillation_loss,
+)
+from fedtune_app.methods.inclusivefl import InclusiveFL
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
+from fedtune_app.model.backbones import build_backbone
 from floats import NETWORK_FLOAT64_ATOL
 from runs import assert_accuracy_counts_the_test_set
 

@@ -8,12 +8,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from fedtune_app.apps.client_app import app as client_app
+from fedtune_app.apps.server import run_federation
+from fedtune_app.config import app_defaults
+from fedtune_app.federated.wire import TrainReply, TrainTask
+from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.model.backbones import ModelSpec, build_backbone
-from fedtune_app.config import app_defaults
-from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
-from fedtune_app.federated.wire import TrainReply, TrainTask
 from inprocess import InProcessGrid, simulation_nodes
 from runs import assert_accuracy_counts_the_test_set
 

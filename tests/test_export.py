@@ -186,8 +186,12 @@ def test_minilm_mean_pooling_export_loads_through_every_front_door(tmp_path):
     without the shipped code is refused, not silently first-token pooled."""
     from peft import AutoPeftModelForSequenceClassification, PeftModel
     from sentence_transformers import SentenceTransformer
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
-                              BertForSequenceClassification, pipeline)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertForSequenceClassification,
+        pipeline,
+    )
 
     folder, cfg, model, recipe = fake_run(tmp_path, {"capacities": "6,3"})
     out = export_run(folder, merge=True)
@@ -264,8 +268,8 @@ def test_heterotune_exports_one_folder_per_group(tmp_path):
               "capacities": "4,4,4,4"}
     folder, cfg, model, recipe = fake_run(tmp_path, MIXER | groups)
     # the results folder holds the fused state (Eq. 6), as the strategy saves it
-    from fedtune_app.methods.heterotune import fuse_state, share_positions
     from fedtune_app.data.groups import group_depths
+    from fedtune_app.methods.heterotune import fuse_state, share_positions
 
     state = load_file(str(folder / "state.safetensors"))
     fused = fuse_state(state, group_depths(cfg), share_positions(cfg))
@@ -307,8 +311,9 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
     """A tiny random Llama (the decoder family): peft and merged logits = fedtune's, which read
     the last non-padding token as LlamaForSequenceClassification does."""
     from peft import PeftModel
-    from test_decoders import minilm_tokenizer, save_decoder
     from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from test_decoders import minilm_tokenizer, save_decoder
 
     path = save_decoder(tmp_path / "llama")
     folder, cfg, model, recipe = fake_run(tmp_path, {"model": path, "model-source": "random",
@@ -344,8 +349,7 @@ MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "trai
 def bbc_test_articles(cfg: RunConfig) -> tuple[list[str], np.ndarray]:
     """The run's test articles as raw text, with their labels (the fixed split, re-drawn)."""
     from fedtune_app.data.sources import stratified_split
-    from fedtune_app.data.splits import (SPLIT_SEED, TEST_FRACTION, _bbc_news,
-                                         _stratified_subset)
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION, _bbc_news, _stratified_subset
 
     texts, labels, _ = _bbc_news()
     _, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)

@@ -11,17 +11,24 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from fedtune_app.model.adapters import AdapterSpec, attach_adapters
-from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.model.backbones import build_backbone
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import client_examples, proxy_indices, run_splits
-from fedtune_app.apps.inprocess import run_inprocess
-from fedtune_app.methods.fedbrick import (Brick, FedBRICK, FedBRICKRecipe, anneal, block_io,
-                                          distill_bricks, forward_with_bricks, layer_mse)
-from fedtune_app.federated.strategy import ClientInfo, RoundLog
-
 from conftest import TINY_VIT
+from fedtune_app.apps.inprocess import run_inprocess
+from fedtune_app.data.splits import client_examples, proxy_indices, run_splits
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.strategy import ClientInfo, RoundLog
+from fedtune_app.methods import resolve_config
+from fedtune_app.methods.fedbrick import (
+    Brick,
+    FedBRICK,
+    FedBRICKRecipe,
+    anneal,
+    block_io,
+    distill_bricks,
+    forward_with_bricks,
+    layer_mse,
+)
+from fedtune_app.model.adapters import AdapterSpec, attach_adapters
+from fedtune_app.model.backbones import build_backbone
 from floats import FLOAT32_ROUNDING, NETWORK_FLOAT64_ATOL, float32_atol
 
 TWO_DOMAINS = {"preset": "offline-feature-skew", "model-source": "random",

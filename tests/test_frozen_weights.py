@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import TINY_VIT
-from inprocess import InProcessGrid
 from safetensors.torch import save_file
 
+from conftest import TINY_VIT
 from fedtune_app.apps.client_app import app as client_app
-from fedtune_app.model.frozen_weights import ensure_checkpoint, with_checkpoint
+from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
+from fedtune_app.model.frozen_weights import ensure_checkpoint, with_checkpoint
+from inprocess import InProcessGrid
 
 
 def cfg_for(path: Path, sha: str, cache: Path) -> RunConfig:
@@ -137,8 +137,8 @@ def test_mixer_checkpoint_file_loads_although_its_entrypoint_fixes_patch_size(tm
     is then loaded into the class directly; its blocks are the checkpoint's."""
     from timm.models.mlp_mixer import MlpMixer
 
-    from fedtune_app.model.backbones import ModelSpec, build_backbone
     from conftest import TINY_MIXER
+    from fedtune_app.model.backbones import ModelSpec, build_backbone
 
     torch.manual_seed(4)
     reference = MlpMixer(num_classes=10, **TINY_MIXER.kwargs)

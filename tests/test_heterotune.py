@@ -11,14 +11,13 @@ import torch
 from safetensors.numpy import load_file
 from torch import nn
 
-from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.groups import group_config
 from fedtune_app.apps.inprocess import run_inprocess
-from fedtune_app.methods import recipe_for, strategy_class
-from fedtune_app.methods.heterotune import (FedAdapter, ShareBank, fuse_state, position)
+from fedtune_app.data.groups import group_config
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.strategy import ClientInfo
+from fedtune_app.methods import recipe_for, resolve_config, strategy_class
+from fedtune_app.methods.heterotune import FedAdapter, ShareBank, fuse_state, position
+from fedtune_app.model.backbones import ModelSpec
 from floats import NETWORK_FLOAT64_ATOL, float32_atol
 from test_model_groups import TWO_GROUPS
 

@@ -9,15 +9,19 @@ import numpy as np
 import pytest
 
 from fedtune_app.apps import client
-from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.model.backbones import BUILDS, ModelSpec, build_backbone
-from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.groups import (group_config, group_depths, group_specs, node_model_group,
-                                prefix)
 from fedtune_app.apps.inprocess import run_inprocess
-from fedtune_app.methods import strategy_class
+from fedtune_app.config import ConfigError
+from fedtune_app.data.groups import (
+    group_config,
+    group_depths,
+    group_specs,
+    node_model_group,
+    prefix,
+)
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.strategy import ClientInfo
+from fedtune_app.methods import resolve_config, strategy_class
+from fedtune_app.model.backbones import BUILDS, ModelSpec, build_backbone
 
 VIT = "img_size=8,patch_size=2,in_chans=1,num_heads=2"
 TWO_GROUPS = {"preset": "smoke", "model-groups": "vit_tiny_patch16_224",

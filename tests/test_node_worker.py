@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from localdeploy import ROOT, LocalDeployment
 from fedtune_app.apps.node_worker import delegate, read_authkey
 from fedtune_app.config import ConfigError, RunConfig
+from localdeploy import ROOT, LocalDeployment
 
 
 def start_worker(tmp_path: Path, name: str = "worker") -> tuple[subprocess.Popen, Path, Path]:

@@ -9,15 +9,14 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
-from fedtune_app.methods.baselines import AllLarge
-from fedtune_app.methods.inclusivefl import InclusiveFL
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.strategy import ClientInfo, RoundLog
 from fedtune_app.federated.wire import TrainTask
-
+from fedtune_app.methods import resolve_config
+from fedtune_app.methods.baselines import AllLarge
+from fedtune_app.methods.inclusivefl import InclusiveFL
 from floats import float32_atol
 
 

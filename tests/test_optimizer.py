@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from floats import float64_atol
 from torch import nn
 
 from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.splits import Examples
 from fedtune_app.methods import resolve_config
 from fedtune_app.training.local import round_lr, train_local
+from floats import float64_atol
 
 CPU = torch.device("cpu")
 W0 = np.array([1.0, -2.0, 0.5, 3.0])

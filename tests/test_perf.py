@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps import client
-from fedtune_app.model.backbones import BUILDS
+from fedtune_app.apps.client_app import app as client_app
+from fedtune_app.apps.server import run_federation
 from fedtune_app.config import app_defaults
 from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
+from fedtune_app.model.backbones import BUILDS
 from inprocess import InProcessGrid, simulation_nodes
 
 

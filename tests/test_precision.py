@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT
 
+from conftest import TINY_VIT
+from fedtune_app.config import ConfigError
+from fedtune_app.data.splits import Examples
+from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, trainable_parameters
 from fedtune_app.model.backbones import build_backbone
-from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import Examples
 from fedtune_app.training.local import autocast, check_precision, predict, train_local
 
 CPU = torch.device("cpu")

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from inprocess import InProcessGrid, simulation_nodes
 
-from fedtune_app.model.backbones import ModelSpec, build_backbone
 from fedtune_app.config import CONF_DIR, ConfigError
-from fedtune_app.methods import resolve_config
 from fedtune_app.data.groups import node_model_group
-from fedtune_app.data.splits import domain_list, run_splits
-from fedtune_app.tools.pretrain import MODELS, pretrain
 from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
+from fedtune_app.data.splits import domain_list, run_splits
+from fedtune_app.methods import resolve_config
+from fedtune_app.model.backbones import ModelSpec, build_backbone
+from fedtune_app.tools.pretrain import MODELS, pretrain
+from inprocess import InProcessGrid, simulation_nodes
 
 PRESETS = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
 OFFLINE = [p for p in PRESETS if p.startswith("offline-")]
@@ -103,8 +103,8 @@ def test_pretrained_checkpoint_records_how_it_was_made(checkpoints):
     assert meta["train-examples"] == "64"
     # the probe's test accuracy is k / n for a whole k over the n held-out six-style digits
     # (written to 4 places; 1 / n > 0.0001 pins k down) and above chance (10 classes)
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
     from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
 
     n = len(multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION).split[1])
     probe = meta["digit-styles-probe-accuracy"]

@@ -18,8 +18,12 @@ import torch
 
 from fedtune_app.config import ConfigError
 from fedtune_app.model.backbones import build_backbone
-from fedtune_app.model.block_store import (build_on_demand, checkpoint_path, hold_blocks,
-                                           resident_weight_bytes)
+from fedtune_app.model.block_store import (
+    build_on_demand,
+    checkpoint_path,
+    hold_blocks,
+    resident_weight_bytes,
+)
 from fedtune_app.model.published_blocks import PublishedBlocks, part_ranges, publish
 from test_block_store import BLOCK_BYTES, SHARED_BYTES, VIT12
 

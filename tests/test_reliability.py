@@ -9,15 +9,21 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from fedtune_app.apps.faults import parse_faults
+from fedtune_app.config import ConfigError
+from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import (
+    ARRAYS,
+    METRICS,
+    NUM_EXAMPLES,
+    TRAIN_LOSS,
+    TrainReply,
+    TrainTask,
+)
+from fedtune_app.methods import resolve_config
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.model.backbones import ModelSpec, build_backbone
-from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import run_num_classes
-from fedtune_app.apps.faults import parse_faults
-from fedtune_app.federated.records import from_record, to_record
-from fedtune_app.federated.wire import (ARRAYS, METRICS, NUM_EXAMPLES, TRAIN_LOSS, TrainReply,
-                                        TrainTask)
 from runs import TINY, assert_same_tensors, final_state, run
 
 

@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 
 from conftest import TINY_MIXER
+from fedtune_app.data.splits import partition_indices
+from fedtune_app.federated.strategy import ClientInfo
+from fedtune_app.methods import METHODS, resolve_config
 from fedtune_app.model.adapters import AdapterSpec, attach_adapters, initial_state
 from fedtune_app.model.backbones import build_backbone
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import partition_indices
-from fedtune_app.methods import METHODS
-from fedtune_app.federated.strategy import ClientInfo
 from runs import assert_same_tensors, final_state, run
 
 CAPACITIES = (4, 3, 2, 2, 1)

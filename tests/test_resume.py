@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from fedtune_app.federated.checkpoint import FILE
 from fedtune_app.config import ConfigError
+from fedtune_app.federated.checkpoint import FILE
 from inprocess import InProcessGrid
 from runs import assert_same_tensors, final_state, run
 

@@ -10,8 +10,16 @@ from scipy.stats import norm as gaussian
 
 from fedtune_app.config import ConfigError
 from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
-                                          largest_updates, rms, screen, state_problem)
+from fedtune_app.federated.robust import (
+    combine,
+    dp_combine,
+    dp_epsilon,
+    dp_noise_entropy,
+    largest_updates,
+    rms,
+    screen,
+    state_problem,
+)
 from fedtune_app.methods import resolve_config
 from runs import assert_same_tensors, final_state, run
 

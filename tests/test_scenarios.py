@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 
 from fedtune_app.config import ConfigError, parse_int_list
-from fedtune_app.methods import resolve_config
+from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
 from fedtune_app.data.splits import client_group, partition_indices, run_splits
 from fedtune_app.federated.allocation import draw_round_capacities
-from fedtune_app.data.scenarios import (check_scenario, client_capacities,
-                                   num_clients)
+from fedtune_app.methods import resolve_config
 
 
 def cfg_of(**keys):
@@ -124,8 +123,8 @@ def test_domain_clients_report_their_domain_as_group():
 
 
 def test_dynamic_capacities_drive_every_method_and_repeat_with_the_seed():
-    from fedtune_app.methods import METHODS
     from fedtune_app.federated.strategy import ClientInfo
+    from fedtune_app.methods import METHODS
 
     cfg = cfg_of(capacities="12*6", dynamic_capacities=True, seed=3)
     clients = [ClientInfo(100 + i, i, 12, 10, f"client-{i}") for i in range(6)]

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedtune_app.data import sources
 from fedtune_app.config import ConfigError
-from fedtune_app.methods import resolve_config
+from fedtune_app.data import sources
 from fedtune_app.data.splits import run_splits
-
+from fedtune_app.methods import resolve_config
 from floats import FLOAT32_ROUNDING
 
 VIT = {"model": "vit_tiny_patch16_224", "model-source": "random"}
@@ -169,7 +168,8 @@ def test_nico_folder_uses_style_names(tmp_path):
 
 # -- Hugging Face data sets -----------------------------------------------------------------------
 def test_hugging_face_image_dataset_saved_to_disk(tmp_path):
-    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image as HFImage
+    from datasets import ClassLabel, Dataset, DatasetDict, Features
+    from datasets import Image as HFImage
     from PIL import Image
 
     features = Features({"img": HFImage(), "label": ClassLabel(names=["dark", "light"])})

@@ -18,25 +18,29 @@ import numpy as np
 import torch
 from flwr.app import Context, Message
 
+from fedtune_app.apps.faults import after_training, before_training
+from fedtune_app.config import ConfigError, RunConfig
+from fedtune_app.data.groups import group_config, node_model_group, num_groups
+from fedtune_app.data.scenarios import client_capacities
+from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
+from fedtune_app.federated.objectives import LocalObjective
+from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.wire import (
+    CHECKPOINT_BYTES,
+    FIT_SECONDS,
+    TRAIN_SECONDS,
+    NodeAnswer,
+    TrainReply,
+    TrainTask,
+)
+from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.adapters import AdapterSpec
 from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.config import ConfigError, RunConfig
-from fedtune_app.methods import resolve_config
-from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
-from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
-from fedtune_app.model.published_blocks import PublishedBlocks
-from fedtune_app.data.groups import group_config, node_model_group, num_groups
-from fedtune_app.methods import recipe_for
-from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.model.perf import process_stats
-from fedtune_app.data.scenarios import client_capacities
-from fedtune_app.federated.records import from_record, to_record
-from fedtune_app.federated.wire import (CHECKPOINT_BYTES, FIT_SECONDS, TRAIN_SECONDS, NodeAnswer,
-                                        TrainReply, TrainTask)
+from fedtune_app.model.published_blocks import PublishedBlocks
 from fedtune_app.training.local import check_precision, pick_device, round_lr
-
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
 

@@ -128,9 +128,9 @@ def simulation_nodes(n: int) -> list[dict]:
 def run_inprocess(run_config: dict, client_app=None) -> str:
     """One federation of ``len(capacities)`` simulated nodes in this process; returns the results
     folder. ``client_app`` defaults to the app's own ClientApp (``fedtune_app.apps.client_app``)."""
-    from fedtune_app.methods import resolve_config
-    from fedtune_app.data.scenarios import num_clients
     from fedtune_app.apps.server import run_federation
+    from fedtune_app.data.scenarios import num_clients
+    from fedtune_app.methods import resolve_config
 
     if client_app is None:
         from fedtune_app.apps.client_app import app as client_app

@@ -34,8 +34,14 @@ from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
-from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,
-                               message_to_proto, recorddict_from_proto, recorddict_to_proto)
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    message_from_proto,
+    message_to_proto,
+    recorddict_from_proto,
+    recorddict_to_proto,
+)
 from flwr.proto.message_pb2 import Context as ContextProto
 from flwr.proto.message_pb2 import Message as MessageProto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtune_app.apps.plots import plot_partition
+from fedtune_app.apps.tracking import make_tracker, round_scalars
 from fedtune_app.config import RunConfig
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.perf import process_stats
-from fedtune_app.apps.plots import plot_partition
-from fedtune_app.apps.tracking import make_tracker, round_scalars
 
 log = logging.getLogger("fedtune")
 # called with (run config, round record) after every round of a run in this process: progress

@@ -9,19 +9,19 @@ import time
 from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
+from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build_global
+from fedtune_app.apps.results import ResultsWriter
 from fedtune_app.config import RunConfig
+from fedtune_app.data.groups import num_groups
+from fedtune_app.data.scenarios import check_scenario, client_capacities
+from fedtune_app.data.splits import domain_list
 from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
-from fedtune_app.training.local import check_precision, pick_device
-from fedtune_app.data.splits import domain_list
-from fedtune_app.model.frozen_weights import with_checkpoint
-from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build_global
-from fedtune_app.data.groups import num_groups
-from fedtune_app.methods import strategy_class
-from fedtune_app.apps.results import ResultsWriter
-from fedtune_app.data.scenarios import check_scenario, client_capacities
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid
 from fedtune_app.federated.strategy import LayerPlanStrategy, to_record
+from fedtune_app.methods import strategy_class
+from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.training.local import check_precision, pick_device
 
 log = logging.getLogger("fedtune")
 

@@ -3,9 +3,9 @@
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedtune_app.apps.server import run_federation
 from fedtune_app.config import setup_logging
 from fedtune_app.methods import resolve_config
-from fedtune_app.apps.server import run_federation
 
 app = ServerApp()
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.config import ConfigError, ModelConfig, RunConfig
+from fedtune_app.model.backbones import ModelSpec
 
 PREFIX = "groups."
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedtune_app.config import ConfigError, DataConfig, HeldOut, RunConfig
 from fedtune_app.data import sources
 from fedtune_app.data.sources import stratified_split
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
-from fedtune_app.config import ConfigError, DataConfig, HeldOut, RunConfig
 
 _log = logging.getLogger(__name__)
 SPLIT_SEED = 20240601
@@ -461,8 +461,7 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
     the domain column (partition i = domain i). domain-dirichlet: a DirichletPartitioner inside
     each domain d (seed + d), partition d*k + j = its j-th part."""
     from datasets import Dataset
-    from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner,
-                                           NaturalIdPartitioner)
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
 
     if num_partitions > len(labels):
         raise ConfigError(f"{num_partitions} partitions but only {len(labels)} training examples")

@@ -28,9 +28,9 @@ import torch
 from flwr.app import Context
 from torch import nn
 
+from fedtune_app.config import RunConfig, TrainingConfig
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
-from fedtune_app.config import RunConfig, TrainingConfig
 
 
 def objective_of(training: TrainingConfig) -> tuple[str, float]:

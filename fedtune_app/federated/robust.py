@@ -91,8 +91,11 @@ import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 from fedtune_app.config import RobustConfig
-from fedtune_app.federated.aggregation import (ClientUpdate, keyed_weighted_mean,
-                                              masked_weighted_mean)
+from fedtune_app.federated.aggregation import (
+    ClientUpdate,
+    keyed_weighted_mean,
+    masked_weighted_mean,
+)
 
 
 def rms(x: np.ndarray) -> float:

@@ -20,16 +20,23 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedtune_app.model.adapters import names_for_plan
+from fedtune_app.config import RunConfig
 from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
 from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
-from fedtune_app.config import RunConfig
-from fedtune_app.federated.objectives import feddyn_server_step
 from fedtune_app.federated.nodes import ClientInfo, NodeSet, error_of, error_text, match_replies
+from fedtune_app.federated.objectives import feddyn_server_step
 from fedtune_app.federated.records import from_record, to_record
+from fedtune_app.federated.robust import (
+    combine,
+    dp_combine,
+    dp_epsilon,
+    dp_noise_entropy,
+    largest_updates,
+    screen,
+    state_problem,
+)
 from fedtune_app.federated.wire import ARRAYS, METRICS, TRAIN_LOSS, TrainReply, TrainTask
-from fedtune_app.federated.robust import (combine, dp_combine, dp_epsilon, dp_noise_entropy,
-                                          largest_updates, screen, state_problem)
+from fedtune_app.model.adapters import names_for_plan
 
 log = logging.getLogger("fedtune")
 

@@ -16,6 +16,7 @@ weak devices could reach; each client then trains its whole model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.federated.allocation import full_plans, smallest_prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy

@@ -49,9 +49,9 @@ Choices made here (not fixed by the paper, which uses ResNets with 4 stages):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn

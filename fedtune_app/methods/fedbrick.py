@@ -81,14 +81,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.adapters import add_trained_module, block_of, load_state, names_for_plan
-from fedtune_app.config import ConfigError, RunConfig
+from fedtune_app.config import ConfigError, ConfigPart, RunConfig, config_key
 from fedtune_app.data.splits import domain_list, proxy_indices, run_splits
-from fedtune_app.training.recipes import ClientRecipe
-from fedtune_app.training.local import to_device, train_local
 from fedtune_app.methods.fedra import FedRA
-from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
+from fedtune_app.model.adapters import add_trained_module, block_of, load_state, names_for_plan
+from fedtune_app.training.local import to_device, train_local
+from fedtune_app.training.recipes import ClientRecipe
 
 ALL = "all"  # the one BRICK group when clients are not split by domain
 BRICK_SEED = 0xB41C  # offset of the BRICKs' own init generator

@@ -33,16 +33,16 @@ backbones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
+from fedtune_app.config import config_key
 from fedtune_app.data.splits import SPLIT_SEED, Examples
-from fedtune_app.methods.fedmd import DistillConfig
+from fedtune_app.methods.fedmd import DistillConfig, public_set
+from fedtune_app.methods.model_groups import GroupStrategy
+from fedtune_app.methods.registry import register_method
 from fedtune_app.training.distill import distill, distill_steps, kd_loss, scores_on
 from fedtune_app.training.local import pick_device
-from fedtune_app.methods.fedmd import public_set
-from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import config_key
-from fedtune_app.methods.registry import register_method
 
 
 class FedDF(GroupStrategy):

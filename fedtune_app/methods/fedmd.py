@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from fedtune_app.config import ConfigPart, RunConfig, config_key, register_keys
-from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.data.splits import public_split, run_num_classes, run_splits
-from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
-from fedtune_app.training.recipes import ClientRecipe
-from fedtune_app.training.local import train_local
+from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.methods.registry import register_method
+from fedtune_app.training.distill import consensus, digest_loss, distill, scores_on
+from fedtune_app.training.local import train_local
+from fedtune_app.training.recipes import ClientRecipe
 
 CONSENSUS = "fedmd.consensus"
 

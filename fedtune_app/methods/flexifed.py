@@ -37,12 +37,13 @@ groups' widths differ, as in HeteroTune's presets).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
-from fedtune_app.model.adapters import block_of
-from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.config import ConfigPart, config_key
+from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.methods.registry import register_method
+from fedtune_app.model.adapters import block_of
 
 GROUPS = "groups."
 

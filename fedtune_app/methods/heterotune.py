@@ -47,22 +47,22 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import contextlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.adapters import resolve_modules, trainable_parameters
-from fedtune_app.federated.aggregation import ClientUpdate
-from fedtune_app.model.backbones import build_backbone
-from fedtune_app.data.groups import group_depths, num_groups, prefix
-from fedtune_app.training.recipes import ClientRecipe
-from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.config import ConfigPart, RunConfig, config_key
+from fedtune_app.data.groups import group_depths, num_groups, prefix
+from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.methods.registry import register_method
+from fedtune_app.model.adapters import resolve_modules, trainable_parameters
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.training.recipes import ClientRecipe
 
 SHARE = "share.adapter."
 

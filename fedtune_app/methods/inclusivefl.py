@@ -43,14 +43,15 @@ Choices the paper leaves open (or that differ from its setting), made here:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
-from fedtune_app.model.adapters import block_of
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.allocation import prefix_plans
 from fedtune_app.federated.strategy import LayerPlanStrategy
-from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
+from fedtune_app.model.adapters import block_of
 
 
 def suffix(name: str) -> str:

@@ -34,17 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
 import numpy as np
 from torch import nn
 
-from fedtune_app.model.adapters import block_of, resolve_modules, trainable_parameters
-from fedtune_app.model.backbones import build_backbone
-from fedtune_app.training.recipes import ClientRecipe
-from fedtune_app.training.local import train_local
+from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.flexifed import split_name
 from fedtune_app.methods.model_groups import GroupStrategy
-from fedtune_app.config import ConfigPart, config_key
 from fedtune_app.methods.registry import register_method
+from fedtune_app.model.adapters import block_of, resolve_modules, trainable_parameters
+from fedtune_app.model.backbones import build_backbone
+from fedtune_app.training.local import train_local
+from fedtune_app.training.recipes import ClientRecipe
 
 CORE = "lora_C"
 

@@ -12,8 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fedtune_app.config import ConfigError, ConfigPart, HeldOut, NoKeys, RunConfig, did_you_mean, \
-    register_keys
+from fedtune_app.config import (
+    ConfigError,
+    ConfigPart,
+    HeldOut,
+    NoKeys,
+    RunConfig,
+    did_you_mean,
+    register_keys,
+)
 from fedtune_app.federated.objectives import objective_of
 from fedtune_app.training.recipes import ClientRecipe
 

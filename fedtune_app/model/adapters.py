@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.backbones import LayeredModel
 from fedtune_app.config import AdapterConfig, ConfigError
+from fedtune_app.model.backbones import LayeredModel
 
 # Per backbone family: the last fully connected layer of each of a block's two sublayers (l^0:
 # attention or token mixing, l^1: MLP). FedRA puts LoRA on both (v1 Sec. 3.2; its code targets

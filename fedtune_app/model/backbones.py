@@ -287,8 +287,7 @@ class DecoderLayered(LayeredModel):
             "full_attention"
 
     def embed(self, inputs):
-        from transformers.masking_utils import (create_causal_mask,
-                                                create_sliding_window_causal_mask)
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
         x = self.stem.embed_tokens(ids)

@@ -38,8 +38,13 @@ import torch
 from torch import nn
 
 from fedtune_app.config import ConfigError
-from fedtune_app.model.backbones import (BUILDS, LayeredModel, ModelSpec, build_skeleton,
-                                         frozen_backbone)
+from fedtune_app.model.backbones import (
+    BUILDS,
+    LayeredModel,
+    ModelSpec,
+    build_skeleton,
+    frozen_backbone,
+)
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 FORMAT = "fedtune-layered-1"  # bump when the file layout changes: old cache files are ignored

@@ -548,11 +548,11 @@ def global_features(run: Run, num_examples: int = 300, seed: int = 0):
     import torch
     from safetensors.numpy import load_file
 
+    from fedtune_app.data.splits import run_num_classes, run_splits, stratified_split
+    from fedtune_app.federated.strategy import ClientInfo
+    from fedtune_app.methods import METHODS, resolve_config
     from fedtune_app.model.adapters import AdapterSpec, attach_adapters, load_state
     from fedtune_app.model.backbones import ModelSpec, build_backbone
-    from fedtune_app.data.splits import run_num_classes, run_splits, stratified_split
-    from fedtune_app.methods import METHODS, resolve_config
-    from fedtune_app.federated.strategy import ClientInfo
     from fedtune_app.training.local import to_device
 
     state_file = run.folder / "state.safetensors"

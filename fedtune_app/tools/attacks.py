@@ -53,8 +53,8 @@ from fedtune_app.config import RobustConfig, RunConfig, setup_logging
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
-from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply
 from fedtune_app.federated.robust import norm, rms, screen, screen_verdict
+from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply
 from fedtune_app.methods import resolve_config
 
 CRUDE = ("huge", "flip", "noise", "diverge")

@@ -33,9 +33,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune_app.config import KEYS, load_preset, parse_int_list
-from fedtune_app.tools.claims_registry import (ARMS, CLAIMS, CPU_BASE, METRIC_NOTE, SETTINGS,
-                                               Claim, claim_arms, claim_settings, tiers_of)
 from fedtune_app.tools import claims_stats as cs
+from fedtune_app.tools.claims_registry import (
+    ARMS,
+    CLAIMS,
+    CPU_BASE,
+    METRIC_NOTE,
+    SETTINGS,
+    Claim,
+    claim_arms,
+    claim_settings,
+    tiers_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "docs" / "claims"  # runs/<tier>/*.json (committed), <tier>-<setting>.png

@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from flwr.common.config import parse_config_args
 
+from fedtune_app.apps.inprocess import progress, run_inprocess
 from fedtune_app.config import ConfigError, parse_int_list, setup_logging
 from fedtune_app.methods import METHODS, resolve_config
-from fedtune_app.apps.inprocess import progress, run_inprocess
 
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:

@@ -66,9 +66,17 @@ from fedtune_app.data.groups import group_config, group_of_name, group_specs, pr
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.methods import method_of
 from fedtune_app.model.adapters import PEFT_ADAPTER
-from fedtune_app.model.backbones import (EncoderLayered, FirstToken, LayeredModel, MeanPool,
-                                         ModelSpec, build_backbone, hf_model_path,
-                                         is_text_model, tokenizer_for)
+from fedtune_app.model.backbones import (
+    EncoderLayered,
+    FirstToken,
+    LayeredModel,
+    MeanPool,
+    ModelSpec,
+    build_backbone,
+    hf_model_path,
+    is_text_model,
+    tokenizer_for,
+)
 
 _LORA = re.compile(r"^blocks\.(\d+)\.(.+)\.lora_([AB])\.weight$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")

@@ -47,8 +47,8 @@ def linear_probe(model: nn.Module, device: torch.device, seed: int = 0) -> float
     digits (the offline presets' task), with the same train/test split as the presets."""
     from sklearn.linear_model import LogisticRegression
 
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
     from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
 
     raw = multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION)
     model.eval()
@@ -71,9 +71,9 @@ def pretrain(family: str, out: Path, dataset: str = "fashion-mnist", train_size:
     import timm
     from safetensors.torch import save_file
 
-    from fedtune_app.model.backbones import _timm_class
-    from fedtune_app.data.splits import stratified_split
     from fedtune_app.data.sources import digits, fashion_mnist, prepare_images
+    from fedtune_app.data.splits import stratified_split
+    from fedtune_app.model.backbones import _timm_class
 
     started = time.perf_counter()
     raw = fashion_mnist(data_dir) if dataset == "fashion-mnist" else digits()

@@ -11,9 +11,8 @@ targets belong to its batch.
 
 from __future__ import annotations
 
-import itertools
-
 import dataclasses
+import itertools
 
 import numpy as np
 import torch

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedtune_app.model.backbones import LayeredModel
 from fedtune_app.config import ConfigError, RunConfig, TrainingConfig
 from fedtune_app.data.splits import Examples
+from fedtune_app.model.backbones import LayeredModel
 
 
 def pick_device(choice: str = "auto") -> torch.device:

@@ -16,9 +16,15 @@ import torch
 from flwr.app import Context
 from torch import nn
 
-from fedtune_app.model.adapters import (AdapterSpec, attach_adapters, global_name, initial_state,
-                                        load_state, trainable_parameters)
 from fedtune_app.config import RunConfig
+from fedtune_app.model.adapters import (
+    AdapterSpec,
+    attach_adapters,
+    global_name,
+    initial_state,
+    load_state,
+    trainable_parameters,
+)
 from fedtune_app.model.backbones import LayeredModel, ModelSpec, build_backbone
 from fedtune_app.training.local import train_local
 
