@@ -1,6 +1,6 @@
 """FedRA-Rare: FedRA's random layer allocation, tilted towards the blocks trained least so far.
 
-A method in one file (README, "Writing your own method"). FedRA gives client i a uniform random
+A method in one file (docs/writing-a-method.md). FedRA gives client i a uniform random
 set of L_i of the L blocks every round. Here, per round:
   1. n_j = how many accepted client updates held block j in the rounds so far;
   2. for each sampled client, in partition-id order: draw its L_i blocks without replacement

@@ -1,4 +1,4 @@
-"""The worked example of the README ("Writing your own method"), examples/fedra_rare.py: one file
+"""The worked example of docs/writing-a-method.md, examples/fedra_rare.py: one file
 registers a method that runs end to end, allocation checked by hand."""
 
 import importlib.util

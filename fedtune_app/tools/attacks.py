@@ -1,4 +1,4 @@
-"""Hostile clients against each defence: the reliability tables of the README.
+"""Hostile clients against each defence: the tables of docs/reliability.md.
 
     python -m fedtune_app.tools.attacks --run-config 'preset="smoke"' --out results/attacks
     python -m fedtune_app.tools.attacks --attacks alie,min-max,flip-in-bound --attackers 0,1 \\

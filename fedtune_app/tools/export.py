@@ -3,8 +3,8 @@
     fedtune export results/fedra-seed0-20261123-101500 [--merge] [--out DIR] [--extras]
 
 writes into DIR (default: ``<results folder>/export``), for a single-model run, folders that the
-libraries' own loaders read correctly without fedtune (README "Exporting a model" says which
-loader reads which):
+libraries' own loaders read correctly without fedtune (docs/usage.md, "Exporting a model", says
+which loader reads which):
 
     adapter_config.json, adapter_model.safetensors
         LoRA runs: a peft adapter folder with peft's own key names for the base model
