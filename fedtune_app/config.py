@@ -334,10 +334,13 @@ class FederationConfig(ConfigPart):
         "TESTS ONLY: clients that misbehave on purpose, e.g. 'raise=1,nan=2' (fault=partition-id; "
         "faults: raise, nan, huge, flip, noise, diverge)")
     capacity_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    capacity_ratio_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # parsed once, here
         object.__setattr__(self, "capacity_list",
                            tuple(parse_int_list("capacities", self.capacities)))
+        object.__setattr__(self, "capacity_ratio_list", tuple(
+            parse_ratio(self.capacity_ratio) if self.capacity_profile == "ratio" else ()))
 
 
 @dataclass(frozen=True)

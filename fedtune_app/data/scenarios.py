@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedtune_app.config import ConfigError, RunConfig, parse_ratio
+from fedtune_app.config import ConfigError, RunConfig
 
 
 @lru_cache(maxsize=8)
@@ -56,7 +56,7 @@ def client_capacities(run: RunConfig) -> list[int]:
         return capacities
     if fed.capacity_profile == "per-domain":
         return [capacities[i // run.data.clients_per_domain] for i in range(n)]
-    ratio = parse_ratio(fed.capacity_ratio)
+    ratio = fed.capacity_ratio_list
     if len(ratio) != len(capacities):
         raise ConfigError(f"run-config key 'capacity-ratio' = {fed.capacity_ratio!r} has "
                           f"{len(ratio)} parts but 'capacities' lists {len(capacities)} levels")
