@@ -285,7 +285,13 @@ def multi_krum(deltas: np.ndarray, f: int) -> np.ndarray:
 def bulyan(deltas: np.ndarray, f: int) -> np.ndarray:
     """Bulyan: theta = n - 2f updates chosen by Krum one at a time (each pick removed), then per
     coordinate the mean of the beta = theta - 2f values closest to the coordinate's median
-    (needs n >= 4f + 3 holders; with fewer, the coordinate-wise median)."""
+    (needs n >= 4f + 3 holders; with fewer, the coordinate-wise median).
+
+    As in the paper's recursion, each pick is Krum over what is left with the same f, so the
+    last pick (2f + 1 left) scores f - 1 neighbours: none when f = 1, where every score is 0
+    and the lowest index left is taken (Flower's ``aggregate_krum`` scores at least one
+    neighbour instead). That pick can be an attacker's; the per-coordinate trim that follows
+    is what bounds its weight."""
     n = len(deltas)
     if n < 4 * f + 3:
         return np.median(deltas, axis=0)
