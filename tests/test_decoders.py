@@ -217,6 +217,8 @@ def decoder_run(dirs, glue, results, method):
             "hf-test-split": "validation", "max-length": 16, "partitioner": "iid",
             "num-server-rounds": 2, "batch-size": 8, "lr": 0.05, "min-partition-size": 2,
             "results-dir": str(results), "model-source": "random", "eval-batch-size": 16}
+    if method == "feddf":  # its 10^4 server steps take minutes here; the path is the same
+        keys["feddf-steps"] = 20
     if METHODS[method].group_strategy is not None and method not in ("all-large", "all-small"):
         return keys | {"model": dirs["small"], "model-groups": f"{dirs['small']};{dirs['large']}",
                        "model-group-sources": "random", "model-group-ratio": "1:1",
@@ -344,6 +346,7 @@ def test_a_bf16_checkpoint_config_builds_float32_parameters():
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("local-superlink")
 def test_flwr_run_with_a_decoder(decoder_dirs, glue_dir, tmp_path):
     """The real `flwr run .` (Ray simulation engine) with a tiny Llama: FedRA, 3 clients."""
     from test_flwr_run import flwr_run

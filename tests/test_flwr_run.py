@@ -13,6 +13,9 @@ from safetensors.numpy import load_file
 
 from fedtune_app.tools.local_superlink import stop
 
+# `flwr run` reuses whatever local SuperLink answers on its fixed ports: one at a time
+pytestmark = pytest.mark.xdist_group("local-superlink")
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

@@ -60,6 +60,7 @@ def test_fedtune_console_script_lists_every_subcommand():
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("local-superlink")
 def test_fedtune_run_runs_flwr_and_prints_the_results_folder(tmp_path):
     """`fedtune run` = `flwr run` of the FAB (built with fab-include) under the Makefile's
     environment: the smoke preset trains 2 rounds and the SuperLink is stopped afterwards."""
