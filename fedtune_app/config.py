@@ -426,6 +426,7 @@ class RunConfig(ConfigPart):
     held_out: HeldOut = HeldOut()
     fixed_group: int | None = None  # over model groups, the group of every client
     objective: tuple[str, float] = ("plain", 0.0)  # the local objective: (kind, coefficient)
+    client_capacities: tuple[int, ...] = ()  # partition i's capacity (``data.scenarios``)
 
     @classmethod
     def build(cls, flat: Mapping[str, Any]) -> "RunConfig":

@@ -16,7 +16,7 @@ from fedtune_app.apps.evaluation import GlobalEvaluator, build_global
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError
 from fedtune_app.data.groups import group_depths, node_model_group
-from fedtune_app.data.scenarios import check_scenario, client_capacities
+from fedtune_app.data.scenarios import client_capacities
 from fedtune_app.data.splits import Examples
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.strategy import ClientInfo, RoundLog, from_record
@@ -190,7 +190,9 @@ def test_fedra_table_5_presets_use_the_all_smaller_profiles():
 
 def test_per_domain_sampling_picks_one_client_of_each_domain():
     domains = ["a", "a", "b", "b", "b", "c"]
-    config = smoke(**{"client-sampling": "per-domain", "seed": 3})
+    # the smoke data has no domains (resolving would refuse per-domain sampling): the clients'
+    # domains come from their infos here
+    config = smoke(seed=3).replace(**{"client-sampling": "per-domain"})
     strategy = FedRA(config, infos(*[(1, 10)] * 6, groups=domains), 4, {})
     rng = np.random.default_rng([3, 1])  # the sampling stream of seed 3; per round: an index
     # into a's 2, b's 3, c's 1 clients
@@ -202,10 +204,9 @@ def test_per_domain_sampling_picks_one_client_of_each_domain():
     for t2 in ("fedra-t2-nico", "fedra-t2-domainnet"):
         assert resolve_config({"preset": t2}).federation.client_sampling == "per-domain"
     with pytest.raises(ConfigError, match="'client-sampling' = 'per-domain' needs"):
-        check_scenario(smoke(**{"client-sampling": "per-domain"}), None)
-    cfg = resolve_config({"preset": "offline-feature-label-skew", "clients-per-round": 5})
+        smoke(**{"client-sampling": "per-domain"})
     with pytest.raises(ConfigError, match="each of the 6 domains; set it to 6 or 0"):
-        check_scenario(cfg, 6)
+        resolve_config({"preset": "offline-feature-label-skew", "clients-per-round": 5})
 
 
 # -- 7. FedBRICK: BRICKs distilled before round 1's clients get them; FedDyn's server step ------
@@ -241,9 +242,9 @@ def test_fedbrick_first_round_clients_receive_distilled_bricks(tmp_path):
 def test_fedbrick_applies_feddyns_server_step():
     cfg = resolve_config({"preset": "offline-feature-skew", "method": "fedbrick",
                           "local-objective": "feddyn", "feddyn-alpha": 0.1,
-                          "fedbrick-server-epochs": 0, "capacities": "2,1"})
+                          "fedbrick-server-epochs": 0, "capacities": "2,1", "partitioner": "iid"})
     names = ["blocks.0.w", "blocks.1.w", "head.w", "bricks.all.0.B1", "bricks.all.1.B1"]
-    strategy = FedBRICK(cfg.replace(partitioner="iid"), infos((2, 10), (1, 30)), 2, zeros(names))
+    strategy = FedBRICK(cfg, infos((2, 10), (1, 30)), 2, zeros(names))
     strategy.history.append(RoundLog(1, plans={0: (0, 1), 1: (1,)}))
     new = strategy.aggregate([ClientUpdate("0", {"blocks.0.w": f32(4, 4), "head.w": f32(1, 1)},
                                            10),

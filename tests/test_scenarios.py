@@ -23,7 +23,7 @@ def test_repetition_syntax_expresses_all_smaller_profiles():
 
 def test_per_domain_profile_gives_each_client_its_domain_capacity():
     cfg = cfg_of(capacity_profile="per-domain", capacities="12,10,8,6,4,3", clients_per_domain=5,
-                 partitioner="domain-dirichlet")
+                 partitioner="domain-dirichlet", dataset="multi-domain-digits")
     assert num_clients(cfg) == 30
     caps = client_capacities(cfg)
     assert caps[:5] == [12] * 5 and caps[5:10] == [10] * 5 and caps[25:] == [3] * 5
@@ -60,17 +60,23 @@ def test_bad_profiles_are_named(keys, message):
 
 
 def test_scenario_checks_domains_and_clients_agree():
+    """Checked where the run config is resolved: a bad scenario never reaches a node."""
     ok = cfg_of(dataset="multi-domain-digits", partitioner="domain", capacities="6,5,4,3,2,2")
     check_scenario(ok, 6)
+    digits = {"dataset": "multi-domain-digits"}  # 6 domains
     with pytest.raises(ConfigError, match="6 domains.*makes 6 clients.*describes 5"):
-        check_scenario(cfg_of(partitioner="domain", capacities="6,5,4,3,2"), 6)
+        cfg_of(partitioner="domain", capacities="6,5,4,3,2", **digits)
     with pytest.raises(ConfigError, match="needs a data set with domains"):
-        check_scenario(cfg_of(partitioner="domain", capacities="6,5"), None)
+        cfg_of(partitioner="domain", capacities="6,5")
     with pytest.raises(ConfigError, match="'per-domain' needs 'partitioner'"):
-        check_scenario(cfg_of(capacity_profile="per-domain", capacities="6,5"), None)
+        cfg_of(capacity_profile="per-domain", capacities="6,5")
     with pytest.raises(ConfigError, match="lists 2 values but the data set uses 6 domains"):
-        check_scenario(cfg_of(capacity_profile="per-domain", capacities="6,5",
-                              partitioner="domain-dirichlet", clients_per_domain=3), 6)
+        cfg_of(capacity_profile="per-domain", capacities="6,5", partitioner="domain-dirichlet",
+               clients_per_domain=3, **digits)
+    # the same rule asked directly, of a data set without domains given a count of 6
+    no_domains = cfg_of(capacities="6,5,4,3,2").replace(partitioner="domain")
+    with pytest.raises(ConfigError, match="6 domains.*makes 6 clients.*describes 5"):
+        check_scenario(no_domains, 6)
 
 
 def test_dynamic_capacities_are_uniform_on_1_to_capacity():

@@ -21,7 +21,6 @@ from flwr.app import Context, Message
 from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
-from fedtune_app.data.scenarios import client_capacities
 from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.records import from_record, to_record
@@ -98,7 +97,7 @@ def node_identity(cfg: RunConfig, node_config: dict) -> tuple[int, int, int]:
         raise ConfigError(f"node config partition-id={pid} is outside 0..{num - 1}")
     if "capacity" in node_config:  # a deployed device declares its own
         return pid, num, node_config_int(node_config, "capacity")
-    capacities = client_capacities(cfg)
+    capacities = cfg.client_capacities
     if len(capacities) != num:
         raise ConfigError(
             f"the capacity profile ({cfg.federation.capacity_profile}, run-config key "

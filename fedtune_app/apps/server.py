@@ -13,8 +13,6 @@ from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build
 from fedtune_app.apps.results import ResultsWriter
 from fedtune_app.config import RunConfig
 from fedtune_app.data.groups import num_groups
-from fedtune_app.data.scenarios import check_scenario, client_capacities
-from fedtune_app.data.splits import domain_list
 from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid
@@ -36,15 +34,13 @@ def query_nodes(grid: Grid, cfg: RunConfig) -> NodeSet:
 
 def run_federation(grid: Grid, cfg: RunConfig) -> str:
     """The whole run; returns the results folder."""
-    domains = domain_list(cfg.data)
-    check_scenario(cfg, None if domains is None else len(domains))
     # no GPU: stop before loading
     check_precision(cfg.training.precision, pick_device(cfg.training.device))
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
     model, recipe = build_global(model_cfg)  # with model groups: one model per group
     grouped = num_groups(cfg.model) > 0  # capacities then choose a model, not a number of blocks
     if not grouped:
-        check_capacities(client_capacities(cfg), model.num_blocks)
+        check_capacities(cfg.client_capacities, model.num_blocks)
     nodes = query_nodes(grid, cfg)
     clients = nodes.clients()
     fetches = {c.partition_id: c.checkpoint_bytes for c in clients if c.checkpoint_bytes}

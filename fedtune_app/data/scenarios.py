@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import numpy as np
 
-from fedtune_app.config import ConfigError, RunConfig
+from fedtune_app.config import ConfigError, RunConfig, register_derived
 
 
 @lru_cache(maxsize=8)
@@ -63,10 +64,14 @@ def client_capacities(run: RunConfig) -> list[int]:
     return list(_ratio_capacities(tuple(capacities), tuple(ratio), n, run.seed))
 
 
+# worked out once per run config: ``RunConfig.client_capacities``
+register_derived(lambda run: dataclasses.replace(
+    run, client_capacities=tuple(client_capacities(run))))
+
+
 def check_scenario(run: RunConfig, num_domains: int | None) -> None:
     """Clients, domains and partitioner agree (before any training starts)."""
-    n = num_clients(run)
-    client_capacities(run)
+    n = len(run.client_capacities)
     fed = run.federation
     partitioner, k = run.data.partitioner, run.data.clients_per_domain
     if fed.capacity_profile == "per-domain":

@@ -191,7 +191,7 @@ def domain_list(data: DataConfig) -> list[str] | None:
                               "has no domains; datasets with domains: multi-domain-digits, "
                               "domainnet, nico++")
         return None
-    chosen = [d for d in data.domains.replace(" ", "").split(",") if d] or list(all_domains)
+    chosen = [d.strip() for d in data.domains.split(",") if d.strip()] or list(all_domains)
     bad = [d for d in chosen if d not in all_domains]
     if bad:
         raise ConfigError(f"run-config key 'domains': {bad} not in {data.dataset}; allowed: "

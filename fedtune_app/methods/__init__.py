@@ -10,6 +10,8 @@ import pkgutil
 
 from fedtune_app.config import ConfigError, RunConfig, register_derived, resolve
 from fedtune_app.data.groups import check_groups, num_groups
+from fedtune_app.data.scenarios import check_scenario
+from fedtune_app.data.splits import domain_list
 from fedtune_app.methods.registry import METHODS, Method, method_of, register_method
 from fedtune_app.training.recipes import ClientRecipe
 
@@ -34,9 +36,11 @@ __all__ = ["METHODS", "Method", "method_of", "recipe_for", "register_method", "r
 
 def resolve_config(run_config: dict) -> RunConfig:
     """The run config, every key checked (``config.resolve``), every method's keys and rules
-    known, and what the method says of the run (its held-out data, its fixed model group): bad
-    configuration stops here, before any training."""
+    known, clients, domains and partitioner agreeing, and what the method says of the run (its
+    held-out data, its fixed model group): bad configuration stops here, before any training."""
     cfg = resolve(run_config)
+    domains = domain_list(cfg.data)
+    check_scenario(cfg, None if domains is None else len(domains))
     method = method_of(cfg)
     check_groups(cfg, [m.name for m in METHODS.values() if m.strategy],
                  [m.name for m in METHODS.values() if m.group_strategy])
