@@ -45,8 +45,10 @@ CPU_BASE = {
 # accuracy is recorded too, ``accuracy-ensemble`` in each run's curve)
 CLAIM_KEYS = {"screen-updates": False, "proxy-for-all-methods": True, "checkpoint-every": 0,
               "depthfl-headline": "last-exit"}
-# model-group settings: FedMD/FedDF take their public set out of the client data themselves
-GROUP_KEYS = {"screen-updates": False, "checkpoint-every": 0}
+# model-group settings: FedMD/FedDF take their public set out of the client data themselves;
+# what clients train is HeteroTune Table 2's reading, as in its presets: whole models for Homo,
+# AllSmall/AllLarge, FedDF and FlexiFed, adapters for HeteroTune, pFedLoRA and FedMD
+GROUP_KEYS = {"screen-updates": False, "checkpoint-every": 0, "client-trains": "heterotune"}
 CPU_GROUPS = CPU_BASE | {
     "model": "all-mpnet-base-v2", "model-groups": "all-MiniLM-L6-v2;all-mpnet-base-v2",
     "model-group-sources": "pretrained", "model-group-ratio": "1:1", "dirichlet-alpha": 0.1,
