@@ -72,6 +72,9 @@ DEFENCES = {  # name -> (column title, run-config keys)
     "centred-clip-k3": ("screening + centred-clip, 3 holders", {"aggregator": "centred-clip",
                                                                "min-holders": 3}),
     "median-k3": ("screening + median, 3 holders", {"aggregator": "median", "min-holders": 3}),
+    # Bulyan needs 4f + 3 = 7 holders of a tensor (f = 1): 7 clients or more, each block held
+    # by 7 of them every round
+    "bulyan-k7": ("screening + bulyan, 7 holders", {"aggregator": "bulyan", "min-holders": 7}),
 }
 LIE_FACTOR = 10
 
