@@ -5,6 +5,7 @@ from fedtune_app.config import ConfigError
 from fedtune_app.federated.allocation import (
     allocation_matrix,
     check_capacities,
+    check_k_cover,
     covering_plans,
     draw_round_capacities,
     full_plans,
@@ -12,6 +13,7 @@ from fedtune_app.federated.allocation import (
     prefix_plans,
     random_plans,
     smallest_prefix_plans,
+    worst_round_capacities,
 )
 
 CAPS = [12, 10, 8, 6, 4, 3]
@@ -133,3 +135,31 @@ def test_k_cover_with_as_many_clients_as_k_and_its_message():
         "run-config key 'min-holders' = 3: every block held by 3 clients needs at least 3 "
         "clients whose capacities sum to >= 3 x 4 blocks = 12; this round's 5 clients have "
         "capacities [3, 2, 2, 2, 1] (sum 10)")
+
+
+def test_a_k_cover_some_round_could_not_draw_is_refused_at_the_start():
+    six = [4, 4, 3, 2, 2, 1]  # 4 blocks, k = 3: 3 x 4 = 12 entries a round
+    check_k_cover(six, 4, 3)  # all six each round: 16 >= 12
+    # 4 sampled: the weakest draw is the four smallest, 1 + 2 + 2 + 3 = 8 < 12
+    assert worst_round_capacities(six, per_round=4) == [1, 2, 2, 3]
+    with pytest.raises(ConfigError) as err:
+        check_k_cover(six, 4, 3, per_round=4)
+    assert str(err.value) == (
+        "run-config key 'min-holders' = 3: every block held by 3 clients needs, in every round, "
+        "3 clients whose capacities sum to >= 3 x 4 blocks = 12; the weakest round "
+        "'clients-per-round' = 4 can draw has capacities [1, 2, 2, 3] (sum 8): lower "
+        "'min-holders', or sample more clients")
+    check_k_cover(six, 4, 3, per_round=5)  # 1 + 2 + 2 + 3 + 4 = 12: just enough
+    # dynamic capacities: any client may draw 1 block, so six clients give 6 < 12
+    assert worst_round_capacities(six, dynamic=True) == [1] * 6
+    with pytest.raises(ConfigError, match=r"\[1, 1, 1, 1, 1, 1\] \(sum 6, dynamic"):
+        check_k_cover(six, 4, 3, dynamic=True)
+    check_k_cover(six, 2, 3, dynamic=True)  # 6 >= 3 x 2
+    # one client of each domain: each domain's smallest, a: 4, b: min(3, 2) = 2, c: 1
+    domains = ["a", "a", "b", "b", "c", "c"]
+    assert worst_round_capacities([4, 4, 3, 2, 2, 1], domains=domains) == [4, 2, 1]
+    with pytest.raises(ConfigError, match="one client of each domain can draw"):
+        check_k_cover([4, 4, 3, 2, 2, 1], 4, 3, domains=domains)  # 7 < 12
+    check_k_cover([4, 4, 3, 2, 2, 1], 2, 3, domains=domains)  # 7 >= 6, 3 domains >= k
+    with pytest.raises(ConfigError, match="weakest round"):
+        check_k_cover([4, 4], 4, 3)  # k = 3 holders from 2 clients

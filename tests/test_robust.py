@@ -650,3 +650,12 @@ def test_ties_at_the_cut_keep_the_lower_index():
     # of the tie 0 / 6, index 1: 0 -> mean(5, 0, 3) = 8/3
     np.testing.assert_allclose(bulyan(np.array([[5.0], [0], [6], [5], [-2], [-2], [3]]), 1),
                                [8 / 3], rtol=1e-15)
+
+
+def test_a_k_cover_that_a_sampled_round_could_miss_stops_before_round_one(tmp_path):
+    """3 of the 5 clients a round: the weakest draw, capacities 2, 2, 3, holds 7 < 3 x 4 block
+    copies, so the run is refused when the strategy starts, not half-way through."""
+    with pytest.raises(ConfigError, match=r"'clients-per-round' = 3 can draw has capacities "
+                                          r"\[2, 2, 3\] \(sum 7\)"):
+        run(tmp_path, **(COVERED | {"aggregator": "median", "clients-per-round": 3}))
+    assert not any(tmp_path.iterdir())  # no results folder: nothing had started

@@ -83,6 +83,37 @@ def k_cover_plans(capacities, num_layers: int, rng: np.random.Generator, k: int)
     return fill_to_capacity(held, capacities, num_layers, rng)
 
 
+def worst_round_capacities(capacities, per_round: int = 0, domains=None,
+                           dynamic: bool = False) -> list[int]:
+    """The capacities of the weakest round the sampling can draw: the ``per_round`` smallest
+    (all when 0), or with ``domains`` (one client of each) each domain's smallest; under dynamic
+    capacities every client may draw 1 block."""
+    if domains is not None:
+        smallest: dict = {}
+        for c, d in zip(capacities, domains):
+            smallest[d] = min(c, smallest.get(d, c))
+        worst = list(smallest.values())
+    else:
+        worst = sorted(capacities)[:per_round or len(capacities)]
+    return [1] * len(worst) if dynamic else worst
+
+
+def check_k_cover(capacities, num_layers: int, k: int, per_round: int = 0, domains=None,
+                  dynamic: bool = False) -> None:
+    """Refuse at the start a k-cover that some round could not draw (``k_cover_plans`` needs,
+    in every round, k clients whose capacities sum to k L): a run must not stop half-way."""
+    worst = worst_round_capacities(capacities, per_round, domains, dynamic)
+    if k > len(worst) or sum(worst) < k * num_layers:
+        how = ("one client of each domain" if domains is not None else
+               f"'clients-per-round' = {per_round}" if per_round else "all clients")
+        raise ConfigError(
+            f"run-config key 'min-holders' = {k}: every block held by {k} clients needs, in "
+            f"every round, {k} clients whose capacities sum to >= {k} x {num_layers} blocks = "
+            f"{k * num_layers}; the weakest round {how} can draw has capacities {worst} (sum "
+            f"{sum(worst)}{', dynamic capacities draw 1 each' if dynamic else ''}): lower "
+            "'min-holders', or sample more clients")
+
+
 def prefix_plans(capacities, num_layers: int, rng=None) -> list[Plan]:
     """Depth-based baselines: client i holds the first L_i blocks."""
     return [tuple(range(c)) for c in capacities]

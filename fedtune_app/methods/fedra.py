@@ -20,7 +20,12 @@ domain (``client-sampling = per-domain``, set in the T2 presets).
 
 from __future__ import annotations
 
-from fedtune_app.federated.allocation import covering_plans, k_cover_plans, random_plans
+from fedtune_app.federated.allocation import (
+    check_k_cover,
+    covering_plans,
+    k_cover_plans,
+    random_plans,
+)
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 
@@ -28,6 +33,16 @@ from fedtune_app.methods.registry import register_method
 class FedRA(LayerPlanStrategy):
     name = "fedra"
     draws_k_cover = True
+
+    def __init__(self, cfg, clients, num_layers, initial_state):
+        super().__init__(cfg, clients, num_layers, initial_state)
+        fed = cfg.federation
+        if fed.min_holders > 1:
+            per_domain = fed.client_sampling == "per-domain"
+            check_k_cover([c.capacity for c in self.clients], num_layers, fed.min_holders,
+                          fed.clients_per_round,
+                          [c.group for c in self.clients] if per_domain else None,
+                          fed.dynamic_capacities)
 
     def plan_round(self, server_round, clients):
         capacities = [c.capacity for c in clients]
