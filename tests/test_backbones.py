@@ -62,6 +62,55 @@ def test_bert_subnetwork_equals_hf_model_with_layers_removed(tiny_bert_dir, plan
     torch.testing.assert_close(got, expected, rtol=0, atol=NETWORK_FLOAT64_ATOL)  # float64
 
 
+def _tiny_encoder(model_type: str, path):
+    from transformers import BertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig
+    classes = {"bert": BertConfig, "roberta": RobertaConfig, "xlm-roberta": XLMRobertaConfig,
+               "electra": ElectraConfig}
+    # ELECTRA with embeddings narrower than the hidden states: its projection is part of the stem
+    extra = {"embedding_size": 8} if model_type == "electra" else {}
+    classes[model_type](vocab_size=100, hidden_size=16, num_hidden_layers=3,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=40,
+                        **extra).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "electra"])
+@pytest.mark.parametrize("plan", [(0, 1, 2), (0, 2)])
+def test_encoders_with_a_first_token_head_equal_the_hf_model(tmp_path, model_type, plan):
+    # RoBERTa's and ELECTRA's classifier (dense, tanh/gelu, out_proj) reads the first token
+    # itself; the layered model must compute the library's logits with the same layers
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    path = _tiny_encoder(model_type, tmp_path)
+    model = build_backbone(ModelSpec(path, "random", "", 5, 3)).double().eval()
+    torch.manual_seed(5)
+    config = AutoConfig.from_pretrained(path, num_labels=3)
+    config._attn_implementation = "eager"
+    ref = AutoModelForSequenceClassification.from_config(config).eval().double()
+    base = getattr(ref, ref.base_model_prefix)
+    base.encoder.layer = nn.ModuleList([base.encoder.layer[j] for j in plan])
+    ids = torch.randint(3, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    ids[1, 7:] = config.pad_token_id  # RoBERTa numbers positions after the padding id
+    with torch.no_grad():
+        expected = ref(input_ids=ids, attention_mask=mask).logits
+        got = model.subnetwork(plan)({"input_ids": ids, "attention_mask": mask})
+        # the library's own forward through the layered model's modules is unchanged
+        library = model.library_model()
+        library_logits = library(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=NETWORK_FLOAT64_ATOL)
+    if plan == (0, 1, 2):
+        torch.testing.assert_close(library_logits, expected, rtol=0, atol=NETWORK_FLOAT64_ATOL)
+
+
+def test_distilbert_is_refused_with_the_supported_types(tmp_path):
+    from transformers import DistilBertConfig
+    DistilBertConfig(vocab_size=100, dim=16, n_layers=2, n_heads=2, hidden_dim=32,
+                     max_position_embeddings=32).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="model type 'distilbert' is not supported.*roberta"):
+        build_backbone(ModelSpec(str(tmp_path), "random", "", 5, 3))
+
+
 def test_global_local_names_round_trip():
     plan = (1, 4, 7)
     for local in ["blocks.0.mlp.fc2.lora_A.weight", "blocks.2.x.lora_B.weight", "head.bias"]:

@@ -142,27 +142,47 @@ def test_timm_lora_export_loads_in_peft_and_merged_in_timm(tmp_path, run_config)
 
 
 def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir):
+    check_library_export(tmp_path, tiny_bert_dir, "bert", "BertForSequenceClassification")
+
+
+def test_roberta_export_with_its_first_token_head_is_the_library_forward(tmp_path):
+    # RoBERTa's classifier (dense, tanh, out_proj) reads the first token itself
+    from transformers import RobertaConfig
+    model_dir = tmp_path / "tiny-roberta"
+    RobertaConfig(vocab_size=100, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                  intermediate_size=32, max_position_embeddings=40).save_pretrained(model_dir)
+    (tmp_path / "run").mkdir()
+    check_library_export(tmp_path / "run", str(model_dir), "roberta",
+                         "RobertaForSequenceClassification")
+
+
+def check_library_export(tmp_path, model_dir: str, prefix: str, class_name: str):
+    """A run whose pooling is the library's own exports adapters that peft loads and a merged
+    model of the library's standard class, both computing fedtune's logits."""
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    rc = {"model": tiny_bert_dir,
+    rc = {"model": model_dir,
           "model-source": "random", "adapter-modules": "attention.self.query,output.dense",
           "capacities": "3,2", "max-length": 12}
     folder, cfg, model, recipe = fake_run(tmp_path, rc)
     out = export_run(folder, merge=True)
     assert json.loads((out / "pooling.json").read_text()) == {"pooling": "library"}
     saved = load_file(str(out / "adapter_model.safetensors"))
-    assert "base_model.model.bert.encoder.layer.2.output.dense.lora_B.weight" in saved
-    assert "base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight" in saved
-    ids = torch.randint(1, 100, (4, 12), generator=torch.Generator().manual_seed(2))
+    assert f"base_model.model.{prefix}.encoder.layer.2.output.dense.lora_B.weight" in saved
+    assert f"base_model.model.{prefix}.encoder.layer.0.attention.self.query.lora_A.weight" \
+        in saved
+    ids = torch.randint(3, 100, (4, 12), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
+    # RoBERTa numbers positions after its padding id
+    ids[1, 7:] = AutoConfig.from_pretrained(model_dir).pad_token_id
     inputs = {"input_ids": ids, "attention_mask": mask}
     expected = fedtune_logits(model, recipe, inputs)
     tol = tolerance(expected, depth=3, width=32)
 
     torch.manual_seed(cfg.model.model_seed)  # fedtune's seeded random init of the base
-    config = AutoConfig.from_pretrained(tiny_bert_dir, num_labels=5)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=5)
     config._attn_implementation = "eager"
     base = AutoModelForSequenceClassification.from_config(config)
     peft_model = PeftModel.from_pretrained(base, str(out)).eval()
@@ -170,8 +190,8 @@ def test_bert_with_pooler_export_is_the_library_forward(tmp_path, tiny_bert_dir)
         torch.testing.assert_close(peft_model(**inputs).logits, expected, rtol=0, atol=tol)
         merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
         torch.testing.assert_close(merged(**inputs).logits, expected, rtol=0, atol=tol)
-    # the run's first-token pooler is the library's own: its standard class, no code shipped
-    assert type(merged).__name__ == "BertForSequenceClassification"
+    # the run's pooling is the library's own: its standard class, no code shipped
+    assert type(merged).__name__ == class_name
     assert not (out / "merged" / "modeling_fedtune.py").exists()
     names = ["business", "entertainment", "politics", "sports", "tech"]
     assert merged.config.id2label == dict(enumerate(names))

@@ -150,16 +150,31 @@ class MeanPool(nn.Module):
 
 class EncoderLayered(LayeredModel):
     """Hugging Face BERT-style ``*ForSequenceClassification``: embeddings -> encoder.layer ->
-    pooler (first token) or token mean -> dropout + classifier."""
+    pooler (first token) or token mean -> dropout + classifier. RoBERTa's and ELECTRA's
+    classifier is a head (dense, tanh or gelu, out_proj) that reads the first token itself:
+    the neck hands it that token (or the token mean of a sentence-transformers checkpoint)."""
 
     family = "hf-encoder"
 
     def __init__(self, model: nn.Module, mean_pooling: bool):
         base = getattr(model, model.base_model_prefix)
-        neck = MeanPool() if mean_pooling or base.pooler is None else base.pooler
-        super().__init__(stem=base.embeddings, blocks=base.encoder.layer, neck=neck,
-                         head=model.classifier)
-        self.dropout = model.dropout
+        pooler = getattr(base, "pooler", None)
+        reads_sequence = not isinstance(model.classifier, nn.Linear)
+        if mean_pooling:
+            neck = MeanPool()
+        elif reads_sequence:
+            neck = HeadReadsFirstToken()
+        else:
+            neck = MeanPool() if pooler is None else pooler
+        stem = base.embeddings
+        if getattr(base, "embeddings_project", None) is not None:  # ELECTRA: embedding < hidden
+            stem = ProjectedEmbeddings(base.embeddings, base.embeddings_project)
+        super().__init__(stem=stem, blocks=base.encoder.layer, neck=neck, head=model.classifier)
+        if reads_sequence:
+            # the library head takes (batch, tokens, hidden) and reads token 0: give it our
+            # pooled vector as a one-token sequence; the library's own forward is unchanged
+            model.classifier.register_forward_pre_hook(_as_one_token)
+        self.dropout = getattr(model, "dropout", None) or nn.Identity()  # else inside the head
         self.__dict__["_library_model"] = model  # not a submodule: our parameter names stay
 
     def library_model(self):
@@ -181,6 +196,29 @@ class EncoderLayered(LayeredModel):
 
     def classify(self, x, ctx):
         return self.head(self.dropout(self.pre_logits(x, ctx)))
+
+
+def _as_one_token(module, args):
+    return (args[0][:, None],) if args[0].dim() == 2 else None
+
+
+class ProjectedEmbeddings(nn.Module):
+    """ELECTRA's embeddings followed by its projection to the hidden size."""
+
+    def __init__(self, embeddings: nn.Module, project: nn.Module):
+        super().__init__()
+        self.embeddings, self.project = embeddings, project
+
+    def forward(self, **inputs):
+        return self.project(self.embeddings(**inputs))
+
+
+class HeadReadsFirstToken(nn.Module):
+    """The first token's state, for a library head that reads it itself (RoBERTa, ELECTRA):
+    the library's own forward then computes the run's logits."""
+
+    def forward(self, x):
+        return x[:, 0]
 
 
 class FirstToken(nn.Module):
@@ -316,7 +354,9 @@ class DecoderLayered(LayeredModel):
         return self.head(self.pre_logits(x, ctx))
 
 
-ENCODER_TYPES = ("bert", "roberta", "distilbert", "xlm-roberta", "electra", "mpnet")
+# DistilBERT is not among them: its head (pre_classifier, ReLU, dropout, classifier) is no
+# single module of the library model, which exports name by identity
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "mpnet")
 ENCODER_FAMILIES = {"mpnet": MPNetLayered}  # encoder types with their own family class
 DECODER_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 # Public configs of the decoders the presets name, so that the architecture (parameter counts,
