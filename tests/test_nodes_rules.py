@@ -1,7 +1,8 @@
 """The node handling's rules (fedtune_app/federated/nodes.py's docstring), fast: the in-process
 grid on a virtual clock (nodes.py's ``time`` replaced, so every wait is instant and every log
-line has an exact time), with devices that answer the query from their node config. The same
-rules with the real ClientApp are in tests/test_nodes.py.
+line has an exact time), with devices that answer the query from their node config (the real
+ClientApp's first query loads its data: about 10 s in a fresh process, per mutant under
+mutmut). The same rules with the real ClientApp are in tests/test_nodes.py.
 
 Node ids of the in-process grid: 1000, 1017, 1034, 1051, ... in the order nodes connect."""
 
