@@ -427,12 +427,16 @@ def test_ignored_replies_to_the_query_are_logged(clock, lines):
     assert [c.node_id for c in nodes.clients()] == [1000] and nodes.pending == {}
 
 
-def test_a_query_the_grid_did_not_take_is_not_waited_for(clock, lines):
+def test_a_query_the_grid_did_not_take_is_not_waited_for_and_is_sent_again(clock, lines):
     grid = Timed(clock, [nc(0, 2), nc(1, 2)], unpushed={1})
     nodes = NodeSet()
     nodes.refresh(grid)
-    assert nodes.pending == {} and nodes.asked == {1000, 1017}
+    assert nodes.pending == {} and nodes.asked == {1000}
     assert grid.pulled == [["m1"]] and [c.node_id for c in nodes.clients()] == [1000]
+    # not marked as asked: once the grid takes it, the query goes out again and is answered
+    grid.unpushed = set()
+    nodes.refresh(grid)
+    assert nodes.asked == {1000, 1017} and [c.node_id for c in nodes.clients()] == [1000, 1017]
 
 
 # -- who serves which partition -------------------------------------------------------------
