@@ -153,9 +153,9 @@ class NodeSet:
         if new:
             messages = [query_message(node) for node in new]
             for node, mid in zip(new, grid.push_messages(messages)):
-                if mid:
+                if mid:  # a query the grid did not take is sent again at the next refresh
                     self.pending[mid] = node
-            self.asked.update(new)
+                    self.asked.add(node)
             log.info("asking new node(s) %s which partition they hold", new)
         if not self.pending:
             return
