@@ -54,6 +54,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "nodes": ("fedtune_app/federated/nodes.py",
               ["tests/test_nodes_rules.py", "tests/test_nodes.py", "-k",
                "test_nodes_rules or replies_are_matched_by_the_message"]),
+    # the reply handling, round by round with hand-made replies (the whole federations that
+    # also cover it take minutes per mutant)
+    "strategy": ("fedtune_app/federated/strategy.py", ["tests/test_strategy_replies.py"]),
 }
 # Run only when named (none now: the node handling's rules run on a virtual clock).
 SLOW: set[str] = set()
@@ -102,10 +105,14 @@ def score(folder: Path, path: str) -> dict:
     # a mutant that makes the tests hang (an endless loop) is caught: mutmut stops it at its
     # timeout, and the tests never pass with it
     survivors = sorted(k for k, s in status.items() if s not in ("killed", "timeout"))
+    # a mutant of a function none of the selected tests runs ("no tests", unless listed): not
+    # tested here, counted apart from the survivors
     return {"total": len(status),
             "killed": sum(s in ("killed", "timeout") for s in status.values()),
             "equivalent": sorted(k for k in survivors if k in listed),
-            "survived": [f"{k} ({status[k]})" for k in survivors if k not in listed]}
+            "survived": [f"{k} ({status[k]})" for k in survivors
+                         if k not in listed and status[k] != "no tests"],
+            "no tests": [k for k in survivors if k not in listed and status[k] == "no tests"]}
 
 
 def main(names: list[str]) -> int:
@@ -133,8 +140,10 @@ def main(names: list[str]) -> int:
                                                "minutes": round((time.monotonic() - start) / 60, 1)}
         results_file.write_text(json.dumps(results, indent=1) + "\n")
         r = results[name]
+        untested = f", not run by these tests {len(r['no tests'])}" if r["no tests"] else ""
         print(f"{path}: killed {r['killed']}/{r['total']}, listed equivalent "
-              f"{len(r['equivalent'])}, surviving {len(r['survived'])}, {r['minutes']} min")
+              f"{len(r['equivalent'])}, surviving {len(r['survived'])}{untested}, "
+              f"{r['minutes']} min")
         for mutant in r["survived"]:
             print(f"    {mutant}")
         if r["survived"]:
