@@ -161,5 +161,8 @@ def test_a_k_cover_some_round_could_not_draw_is_refused_at_the_start():
     with pytest.raises(ConfigError, match="one client of each domain can draw"):
         check_k_cover([4, 4, 3, 2, 2, 1], 4, 3, domains=domains)  # 7 < 12
     check_k_cover([4, 4, 3, 2, 2, 1], 2, 3, domains=domains)  # 7 >= 6, 3 domains >= k
-    with pytest.raises(ConfigError, match="weakest round"):
+    # each domain's smallest also where it is not the domain's last client
+    assert worst_round_capacities([1, 4, 2, 3], domains=["a", "a", "b", "b"]) == [1, 2]
+    with pytest.raises(ConfigError, match=r"the weakest round all clients can draw has "
+                                          r"capacities \[4, 4\] \(sum 8\)"):
         check_k_cover([4, 4], 4, 3)  # k = 3 holders from 2 clients
