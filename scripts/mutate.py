@@ -51,6 +51,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "frozen_weights": ("fedtune_app/model/frozen_weights.py",
                        ["tests/test_frozen_weights_edges.py", "tests/test_frozen_weights.py",
                         "-k", "not nodes_fetch and not mixer"]),
+    "export": ("fedtune_app/tools/export.py", ["tests/test_export_paths.py"]),
     "nodes": ("fedtune_app/federated/nodes.py",
               ["tests/test_nodes_rules.py", "tests/test_nodes.py", "-k",
                "test_nodes_rules or replies_are_matched_by_the_message"]),

@@ -440,8 +440,8 @@ def num_classes_of(data: DataConfig, spec: ModelSpec) -> int:
     """Classes of the data set (read with ``spec``'s tokenizer only when no table knows it)."""
     fixed = {"bbc-news": 5, "digits": 10, "multi-domain-digits": 10, "fashion-mnist": 10,
              "mnist-5k": 10, "synthetic": 10}
-    if data.dataset in fixed:
-        return fixed[data.dataset]
+    if data.dataset in fixed:  # 'max-classes' keeps the first k (as ``_raw`` and loaded sets)
+        return min(fixed[data.dataset], data.max_classes or fixed[data.dataset])
     if data.dataset == "hf" and data.hf_dataset in GLUE_NAMES and \
             data.hf_config in GLUE_CLASSES:  # known without reaching the hub
         return GLUE_CLASSES[data.hf_config]

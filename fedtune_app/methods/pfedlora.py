@@ -119,6 +119,18 @@ class PFedLoRARecipe(ClientRecipe):
     def initial_state(self, model, seed):
         return identity_cores(super().initial_state(model, seed))
 
+    @staticmethod
+    def library_state(state):
+        """B C A is LoRA's B' A with B' = B C: each core is folded into its B (the product in
+        float64, rounded once to float32), so that peft's LoRA computes the run's model."""
+        folded = {n: v for n, v in state.items() if f".{CORE}." not in n}
+        for name, core in state.items():
+            if f".{CORE}." in name:
+                b = name.replace(f".{CORE}.", ".lora_B.")
+                folded[b] = (state[b].astype(np.float64) @ core.astype(np.float64)).astype(
+                    np.float32)
+        return folded
+
     def fit(self, model, plan, params, examples, seed, device, loss_fn, server_round) -> float:
         """Step 2: the local part with C frozen, then C with the local part frozen."""
         subnet = model.subnetwork(plan)

@@ -10,6 +10,7 @@ which loader reads which):
         LoRA runs: a peft adapter folder with peft's own key names for the base model
         (``base_model.model.bert.encoder.layer.3.output.dense.lora_A.weight``, the head as
         ``modules_to_save``): ``peft.PeftModel.from_pretrained(base, DIR)`` loads it.
+        pFedLoRA's B C A is written as LoRA's (B C) A (``ClientRecipe.library_state``).
     base/ (LoRA runs whose pooling the library's class lacks)
         the pretrained base model as a mean-pooling classifier (below), the base that
         ``adapter_config.json`` names: ``AutoPeftModelForSequenceClassification.from_pretrained(
@@ -310,6 +311,35 @@ def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: Run
     return model.eval()
 
 
+def check_state(backbone: LayeredModel, state: dict[str, np.ndarray], r: int) -> None:
+    """Refuse, before anything is written, a state whose LoRA or head tensors do not fit the
+    model the run config builds (another run's state, another 'lora-r' or 'model-args'),
+    naming the first such tensor; tensors no library module holds go to the extras."""
+    modules, head = dict(backbone.named_modules()), dict(backbone.head.named_parameters())
+    for name, value in sorted(state.items()):
+        fits = None
+        if group_of_name(name) is not None:
+            problem = "belongs to a model group, and the run config names none"
+        elif match := _LORA.match(name):
+            linear = modules.get(f"blocks.{match.group(1)}.{match.group(2)}")
+            if isinstance(linear, nn.Linear):
+                fits = (r, linear.in_features) if match.group(3) == "A" else \
+                    (linear.out_features, r)
+            problem = "adapts no Linear layer of the model"
+        elif name.startswith("head."):
+            if (param := head.get(name.removeprefix("head."))) is not None:
+                fits = tuple(param.shape)
+            problem = "names no parameter of the model's head"
+        else:
+            continue
+        if fits is not None:
+            if tuple(value.shape) == fits:
+                continue
+            problem = f"has shape {tuple(value.shape)}, the model takes {fits}"
+        raise ConfigError(f"the run's state does not fit the model its config builds (run-config "
+                          f"keys 'model', 'model-args', 'lora-r'): {name} {problem}")
+
+
 def base_name(spec: ModelSpec) -> str:
     """What ``adapter_config.json`` names as the base model."""
     if is_text_model(spec):
@@ -329,15 +359,17 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
         raise ConfigError("run-config key 'client-trains' = 'full': export writes adapters on "
                           "the pretrained backbone; a fully fine-tuned run's block weights are "
                           "in its checkpoint, and their export is not implemented")
+    recipe = method_of(cfg).recipe
+    state = recipe.library_state(state)
     spec = ModelSpec.from_config(cfg.model, len(class_names))
     backbone = build_backbone(spec)
+    check_state(backbone, state, cfg.adapter.lora_r)
     library = backbone.library_model()
     set_class_names(library, class_names)
     pooling = pooling_of(backbone)
     has_lora = any(_LORA.match(n) for n in state)
     extras = {library_name(backbone, library, n): v for n, v in state.items()
               if not _LORA.match(n) and (not has_lora or not n.startswith("head."))}
-    recipe = method_of(cfg).recipe
     predicting = sorted(n for n in extras
                         if any(k in n for k in _PREDICTING_EXTRAS + recipe.predicting_tensors))
     if predicting and not extras_ok:
@@ -375,8 +407,12 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
 
         save_file({k: np.ascontiguousarray(v) for k, v in extras.items()},
                   str(out / "fedtune_extras.safetensors"))
-        formulas = {k: v for k, v in (EXTRA_FORMULAS | recipe.tensor_formulas).items()
-                    if any(k in n for n in extras)}
+        # the extras carry the library's names: the head's formula goes under its module path
+        # (``classifier.`` in transformers encoders, ``score.`` in decoders)
+        head = f"{module_path(library, backbone.head)}."
+        formulas = {head if k == "head." else k: v
+                    for k, v in (EXTRA_FORMULAS | recipe.tensor_formulas).items()}
+        formulas = {k: v for k, v in formulas.items() if any(k in n for n in extras)}
         (out / "fedtune_extras.json").write_text(json.dumps(
             {"tensors": sorted(extras), "formulas": formulas}, indent=1))
         written += ["fedtune_extras.safetensors", "fedtune_extras.json"]
@@ -486,7 +522,11 @@ def export_run(folder: Path, out: Path | None = None, merge: bool = False,
     class_names = run_class_names(folder, cfg)
     out = Path(out or folder / "export").resolve()
     groups = {}
-    for g, tensors in group_states(cfg, state).items():
+    if not (states := group_states(cfg, state)):
+        raise ConfigError(f"the run's state does not fit the model its config builds: no "
+                          f"tensor of the {len(group_specs(cfg.model))} model groups the config "
+                          "names")
+    for g, tensors in states.items():
         gcfg = cfg if g is None else group_config(cfg, g)
         groups[g] = export_group(gcfg, tensors, out if g is None else out / f"group-{g}", merge,
                                  class_names, extras)

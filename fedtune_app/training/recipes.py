@@ -35,6 +35,12 @@ class ClientRecipe:
     tensor_formulas: dict[str, str] = {}
     predicting_tensors: tuple[str, ...] = ()
 
+    @staticmethod
+    def library_state(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """For exports: the global state with the recipe's tensors rewritten into ones a library
+        module computes the same way (pFedLoRA's core folded into LoRA's B); default: as is."""
+        return state
+
     def __init__(self, cfg: RunConfig, group: int | None = None):
         self.cfg = cfg
         self.group = group  # model group of the node (None: a single-model run)
