@@ -59,8 +59,8 @@ test: setup
 	$(BIN)/lint-imports --no-cache --no-logo
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
-# Mutation testing of the guarding modules (not part of `make test`; ~20 min on a busy 2-core
-# machine): per module, the fast tests that cover it; MODULES= a subset (scripts/mutate.py)
+# Mutation testing of the guarding modules (not part of `make test`; about 25 min on a busy
+# 2-core machine): per module, the fast tests that cover it; MODULES= a subset (scripts/mutate.py)
 MODULES ?=
 mutate: setup
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/mutate.py $(MODULES)
