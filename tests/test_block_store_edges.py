@@ -474,3 +474,21 @@ def test_the_part_sizes_are_counted_block_by_block(monkeypatch):
     model.blocks.append(nn.Linear(3, 5, dtype=torch.float16))
     monkeypatch.setattr(block_store, "build_skeleton", lambda spec: model)
     assert frozen_bytes(ModelSpec("m")) == (8 + 36 + 24, [32, 40])
+
+
+def test_the_file_is_opened_on_the_node_s_device(tmp_path, monkeypatch):
+    # a GPU node must read its frozen weights straight to its device: safetensors opens to the
+    # CPU unless told otherwise, which this CPU-only machine could not tell apart by the result
+    import safetensors
+
+    real, devices = safetensors.safe_open, []
+
+    def recording(*args, **kwargs):
+        devices.append(kwargs.get("device"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", recording)
+    store, head = store_of(tmp_path, {"head.weight": torch.arange(6.0).reshape(3, 2)})
+    store.load([None])
+    assert devices == ["cpu"] and torch.equal(head.weight.detach(),
+                                              torch.arange(6.0).reshape(3, 2))

@@ -193,3 +193,40 @@ def test_the_run_config_points_at_the_verified_local_file(tmp_path):
     assert local.model.model_source == str(tmp_path / "node" / "checkpoints" /
                                            f"{sha}.safetensors")
     assert fetched == 7
+
+
+def test_an_http_fetch_has_a_timeout_and_lands_verified(tmp_path, monkeypatch):
+    # a server that stops answering must not hang a node for ever: pooch's HTTP downloader
+    # gets a 60 s timeout (waiting it out here would take a minute, so the downloader built
+    # is recorded; the download itself is real, from a local HTTP server)
+    import functools
+    import http.server
+    import threading
+
+    import pooch
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "w.pth").write_bytes(b"weights")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    built = []
+
+    class Recording(pooch.HTTPDownloader):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pooch, "HTTPDownloader", Recording)
+    sha = hashlib.sha256(b"weights").hexdigest()
+    url = f"http://127.0.0.1:{server.server_address[1]}/w.pth"
+    try:
+        path, fetched = ensure_checkpoint(resolve_config({
+            "checkpoint-url": url, "checkpoint-sha256": sha,
+            "checkpoint-dir": str(tmp_path / "cache")}).model)
+    finally:
+        server.shutdown()
+    assert built == [{"timeout": 60}]
+    assert fetched == len(b"weights") and path.read_bytes() == b"weights"
