@@ -906,3 +906,18 @@ def test_a_head_bias_update_beyond_its_training_reach_is_rejected():
     moves[1] = sound(tasks[1], 1, TRAINED[1] | {HEAD: f32(0.5, -0.5 + 2.5)})
     strategy.aggregate_train(1, moves)
     assert strategy.history[-1].rejected == {}
+
+
+def test_the_reach_counts_only_the_batches_a_client_may_train():
+    # 'fedra-repo-batch-cap': at most ceil(10 / 4) + 1 = 4 batches an epoch (the smallest
+    # client's 3, plus one), so partition 0 trains 2 x 4 = 8 steps, not 16: its reach is
+    # 0.2 sqrt(2) (7 + 0.5^8) = 1.98, and a head move of 3 (within 16 steps' 4.24) is too far
+    cfg = config(**REACH_KEYS, **{"fedra-repo-batch-cap": True})
+    strategy, tasks = start(cfg=cfg)
+    strategy.attach(None, recipe_for(cfg))
+    moves = head_moves(tasks, 0.1)
+    moves[0] = sound(tasks[0], 0, TRAINED[0] | {HEAD: f32(0.5 + 3.0, -0.5)})
+    strategy.aggregate_train(1, moves)
+    assert strategy.history[-1].rejected == {
+        0: "screening: 'head.bias': update norm 3 > 1.98, the farthest its local training "
+           "can move it"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedtune_app.federated.robust import sgd_reach
+from fedtune_app.federated.robust import REACH_SLACK, screen_verdict, sgd_reach
 from fedtune_app.methods import METHODS, recipe_for, resolve_config
 from fedtune_app.training.recipes import ClientRecipe
 
@@ -22,6 +22,8 @@ def test_sgd_reach_by_hand():
     # FedProx mu 1: speeds 1, then 0.5 + 1 + 0.1 (the distance moved so far)
     assert sgd_reach(2, 0.1, 0.5, 1.0, pull=1.0) == pytest.approx(0.1 + 0.16, rel=1e-15)
     assert sgd_reach(0, 0.1, 0.5, 1.0) == 0.0
+    # weight decay pulls from the tensor's own norm, 0 unless given: lr x (1 + 0.5 x 0)
+    assert sgd_reach(1, 0.1, 0.0, 1.0, weight_decay=0.5) == pytest.approx(0.1, rel=1e-15)
     # without momentum: S steps of lr x G each
     assert sgd_reach(7, 0.01, 0.0, math.sqrt(2)) == pytest.approx(0.07 * math.sqrt(2),
                                                                    rel=1e-15)
@@ -51,7 +53,7 @@ def test_an_honest_single_class_head_stays_within_its_reach():
     labels = torch.full((40,), 3)
     bias = head.bias.detach().clone()
     optimizer = torch.optim.SGD(head.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    for epoch in range(2):
+    for _ in range(2):
         for start in range(0, 40, 8):
             optimizer.zero_grad()
             nn.functional.cross_entropy(head(features[start:start + 8]),
@@ -60,6 +62,18 @@ def test_an_honest_single_class_head_stays_within_its_reach():
     moved = float((head.bias.detach() - bias).norm())
     reach = sgd_reach(10, 0.05, 0.9, math.sqrt(2), 1e-4, float(bias.norm()))
     assert 0.3 * reach < moved <= reach
+
+
+def test_the_reach_alone_judges_with_float32_slack():
+    robust = resolve_config({}).robust
+    # far beyond both other rules (1000 x the peers' median, rms 50 x the global tensor's) but
+    # within the reach: passes; exactly at the reach plus float32 slack: passes
+    for length in (2.0, 2.0 * (1 + REACH_SLACK / 2), 2.0 * (1 + REACH_SLACK)):
+        assert screen_verdict(5.0, 0.1, length, 0.002, 6, robust, reach=2.0) is None
+    assert screen_verdict(0.0, 0.1, 2.0 * (1 + 2 * REACH_SLACK), 1.0, 6, robust, reach=2.0) == (
+        "update norm 2 > 2, the farthest its local training can move it")
+    assert screen_verdict(0.0, 0.1, 3.0, 1.0, 2, robust, peers=False, reach=2.5) == (
+        "update norm 3 > 2.5, the farthest its local training can move it")
 
 
 def reach_config(**keys):
