@@ -363,8 +363,8 @@ class RobustConfig(ConfigPart):
     trim_beta: float = config_key(0.2, minimum=0, maximum=0.49, help=
         "fraction cut from each tail by aggregator = trimmed-mean (Flower's FedTrimmedAvg default)")
     screen_updates: bool = config_key(True, help=
-        "reject a reply whose update is far outside its peers' or far too large for the global "
-        "tensor (every method)")
+        "reject a reply whose update is far outside its peers', far too large for the global "
+        "tensor, or (the head's bias) beyond what its local training can reach (every method)")
     screen_peer_ratio: float = config_key(10.0, minimum=1, help=
         "screening: reject an update norm above this many times the median norm of the tensor's "
         "holders (with >= 3 holders)")

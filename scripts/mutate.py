@@ -37,7 +37,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "aggregation": ("fedtune_app/federated/aggregation.py",
                     ["tests/test_aggregation.py", "tests/test_aggregation_property.py"]),
     "robust": ("fedtune_app/federated/robust.py",
-               ["tests/test_robust.py", "-k",
+               ["tests/test_robust.py", "tests/test_training_reach.py", "-k",
                 "not hostile_client and not without_screening and not same_seed"
                 " and not every_method and not in_bound_sign_flip"]),
     "allocation": ("fedtune_app/federated/allocation.py",

@@ -479,6 +479,25 @@ def test_each_adaptive_attack_stays_inside_screening(attack, attackers):
             assert a in screen(honest + ups, sent, c)
 
 
+def test_an_adaptive_attacker_stays_within_its_training_reach():
+    # screening judges 'h' by the attacker's training reach (0.05 here, far below the peer
+    # rule's bound): the flip is shrunk x 0.8 at a time from -1000 x its update until within it
+    from fedtune_app.tools.attacks import craft_round
+
+    sent, updates = adaptive_round()
+    c = cfg(**{"screen-peer-ratio": 10.0, "screen-max-growth": 5.0, "screen-rms-floor": 0.1})
+    reach = {"0": {"h": 0.05}}
+    crafted = craft_round("flip-in-bound", ["0"], updates, sent, c, reach=reach)
+    h = crafted["0"]["h"]
+    assert np.linalg.norm(h) <= 0.05 < 1.25 * np.linalg.norm(h)
+    assert float(h @ updates["0"]["h"]) < 0
+    ups = [ClientUpdate(k, {n: sent[k][n] + (crafted[k][n] if k in crafted else d)
+                            for n, d in t.items()}, 1) for k, t in updates.items()]
+    assert screen(ups, sent, c, reach=reach) == {}
+    ups[0] = ClientUpdate("0", ups[0].tensors | {"h": sent["0"]["h"] + 1.25 * h}, 1)
+    assert list(screen(ups, sent, c, reach=reach)) == ["0"]
+
+
 # -- whole runs: an in-bound attacker against each defence -----------------------------------
 def attack_grid(attack, attackers=(0,)):
     from fedtune_app.tools.attacks import AttackGrid

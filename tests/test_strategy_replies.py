@@ -34,7 +34,7 @@ from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import dp_combine, dp_epsilon, dp_noise_entropy
 from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy
 from fedtune_app.federated.wire import NodeAnswer, TrainReply, TrainTask
-from fedtune_app.methods import resolve_config, strategy_class
+from fedtune_app.methods import recipe_for, resolve_config, strategy_class
 from inprocess import InProcessGrid
 
 B0, B1, B2, HEAD = "blocks.0.w", "blocks.1.w", "blocks.2.w", "head.bias"
@@ -856,3 +856,68 @@ def test_a_round_without_any_online_node_sends_nothing_and_keeps_the_state(logge
     assert logged.warnings == [
         "round 1: partitions [0, 1, 2] have no online node and sit the round out",
         "round 1: 0 valid replies < min-valid-replies = 1; the global state is unchanged"]
+
+
+# the training reach of the head's bias: lr 0.1, momentum 0.5, batch 4, 2 local epochs, no decay,
+# no clipping; SGD moves it at most lr sqrt(2) sum_{k=1..S} (1 - 0.5^k) / 0.5
+# = 0.2 sqrt(2) (S - 1 + 0.5^S), S = 2 x ceil(examples / 4)
+REACH_KEYS = {"lr": 0.1, "momentum": 0.5, "batch-size": 4, "local-epochs": 2,
+              "weight-decay": 0.0, "grad-clip": 0.0, "lr-schedule": "constant",
+              "lr-warmup-rounds": 0}
+REACH = {0: 0.2 * math.sqrt(2) * (15 + 0.5 ** 16),  # 30 examples: 8 batches, 16 steps; 4.243
+         1: 0.2 * math.sqrt(2) * (9 + 0.5 ** 10),  # 20 examples: 10 steps; 2.546
+         2: 0.2 * math.sqrt(2) * (5 + 0.5 ** 6)}  # 10 examples: 3 batches, 6 steps; 1.419
+
+
+def reach_start():
+    cfg = config(**REACH_KEYS)
+    strategy, tasks = start(cfg=cfg)
+    strategy.attach(None, recipe_for(cfg))
+    return strategy, tasks
+
+
+def head_moves(tasks, far: float) -> list[Message]:
+    """Partitions 0 and 1 move the head by 0.1, partition 2 (one class, say) by ``far``."""
+    heads = {0: f32(0.6, -0.5), 1: f32(0.5, -0.4), 2: f32(0.5 + far, -0.5)}
+    return [sound(t, p, TRAINED[p] | {HEAD: heads[p]}) for p, t in tasks.items()]
+
+
+def test_the_head_bias_is_judged_by_how_far_local_training_can_move_it():
+    strategy, tasks = reach_start()
+    assert strategy.recipe.update_bounds(STATE, 10, 1) == {HEAD: pytest.approx(REACH[2],
+                                                                                 rel=1e-12)}
+    # 1.4: 14 x the holders' median 0.1 (the peer rule would reject it), within the reach 1.419
+    _, metrics = strategy.aggregate_train(1, head_moves(tasks, 1.4))
+    assert strategy.history[-1].rejected == {}
+    x = (30 * 0.6 + 20 * 0.5 + 10 * 1.9) / 60  # 47 / 60
+    y = (30 * -0.5 + 20 * -0.4 + 10 * -0.5) / 60  # -28 / 60
+    assert_state(strategy.state, ALL | {HEAD: [x, y]})
+
+
+def test_a_head_bias_update_beyond_its_training_reach_is_rejected():
+    strategy, tasks = reach_start()
+    strategy.aggregate_train(1, head_moves(tasks, 1.5))
+    assert strategy.history[-1].rejected == {
+        2: "screening: 'head.bias': update norm 1.5 > 1.42, the farthest its local training "
+           "can move it"}
+    # the same move is within reach of partition 1's 10 steps
+    strategy, tasks = reach_start()
+    moves = head_moves(tasks, 0.1)
+    moves[1] = sound(tasks[1], 1, TRAINED[1] | {HEAD: f32(0.5, -0.5 + 2.5)})
+    strategy.aggregate_train(1, moves)
+    assert strategy.history[-1].rejected == {}
+
+
+def test_the_reach_counts_only_the_batches_a_client_may_train():
+    # 'fedra-repo-batch-cap': at most ceil(10 / 4) + 1 = 4 batches an epoch (the smallest
+    # client's 3, plus one), so partition 0 trains 2 x 4 = 8 steps, not 16: its reach is
+    # 0.2 sqrt(2) (7 + 0.5^8) = 1.98, and a head move of 3 (within 16 steps' 4.24) is too far
+    cfg = config(**REACH_KEYS, **{"fedra-repo-batch-cap": True})
+    strategy, tasks = start(cfg=cfg)
+    strategy.attach(None, recipe_for(cfg))
+    moves = head_moves(tasks, 0.1)
+    moves[0] = sound(tasks[0], 0, TRAINED[0] | {HEAD: f32(0.5 + 3.0, -0.5)})
+    strategy.aggregate_train(1, moves)
+    assert strategy.history[-1].rejected == {
+        0: "screening: 'head.bias': update norm 3 > 1.98, the farthest its local training "
+           "can move it"}

@@ -131,3 +131,10 @@ class GroupedRecipe:
         for recipe, sub in zip(self.recipes, model.groups):
             state |= recipe.initial_state(sub, seed)  # shared names: the same from every group
         return state
+
+    def update_bounds(self, sent: dict[str, np.ndarray], num_examples: int, server_round: int,
+                      max_batches: int = 0) -> dict[str, float]:
+        """Each group's recipe's bounds on the tensors it was sent (its group's names)."""
+        return {name: bound for recipe in self.recipes
+                for name, bound in recipe.update_bounds(sent, num_examples, server_round,
+                                                        max_batches).items()}

@@ -24,6 +24,13 @@ when, for any of its tensors t, its update Delta_t is
     would be half or all of it), far too large for the tensor itself:
     rms(Delta_t) > screen-max-growth x max(rms(w_t), screen-rms-floor), w_t the tensor the
     server sent (a freshly initialised LoRA B is all zeros, hence the floor).
+  * whatever its holders, for a tensor whose loss gradient is bounded whatever the data (the
+    recipe's ``gradient_bounds``: the classification head's bias under cross-entropy, norm <=
+    sqrt(2)), beyond the farthest the client's local training could move it: ||Delta_t|| >
+    ``sgd_reach`` of its steps (local epochs x its batches), the round's rate, momentum, weight
+    decay and FedProx term. This bound alone judges such a tensor: no honest client ever
+    exceeds it, and the peer rule, which judges the others, rejects an honest client holding
+    one or two classes among few sampled peers (its head bias moves more than 10 x theirs).
 
 Aggregators (key ``aggregator``), per tensor over its holders; with one holder every rule gives
 that holder's tensor (the fallback: screening has already bounded it against the global
@@ -106,11 +113,36 @@ def norm(x: np.ndarray) -> float:
     return float(np.linalg.norm(x.astype(np.float64).ravel()))
 
 
+# float32 training rounds each of its steps: an update may pass its exact bound by that much
+REACH_SLACK = 1e-4
+
+
+def sgd_reach(steps: int, lr: float, momentum: float, grad_bound: float,
+              weight_decay: float = 0.0, start_norm: float = 0.0, pull: float = 0.0) -> float:
+    """The farthest (L2) ``steps`` steps of torch's SGD (v <- momentum v + g + weight_decay w;
+    w <- w - lr v) can move a tensor of norm ``start_norm`` when its loss gradient has norm at
+    most ``grad_bound`` at every step; ``pull``: FedProx's mu, adding mu (w - w_start) to the
+    gradient. The triangle inequality step by step; reached exactly by a constant gradient of
+    norm ``grad_bound`` without decay or pull."""
+    moved = speed = 0.0
+    for _ in range(steps):
+        speed = momentum * speed + grad_bound + weight_decay * (start_norm + moved) + pull * moved
+        moved += lr * speed
+    return moved
+
+
 def screen_verdict(size_rms: float, ref_rms: float, length: float, median: float,
-                   holders: int, robust: RobustConfig, peers: bool = True) -> str | None:
+                   holders: int, robust: RobustConfig, peers: bool = True,
+                   reach: float | None = None) -> str | None:
     """Why one tensor's update is rejected (module docstring), or None. ``size_rms`` and
     ``length``: rms and L2 norm of the update; ``ref_rms``: rms of the tensor sent; ``median``:
-    the median update norm of the tensor's ``holders`` (this one included)."""
+    the median update norm of the tensor's ``holders`` (this one included); ``reach``: the
+    farthest the client's training can move the tensor, where its gradient is bounded."""
+    if reach is not None:
+        if length > reach * (1 + REACH_SLACK):
+            return (f"update norm {length:.3g} > {reach:.3g}, the farthest its local training "
+                    "can move it")
+        return None
     ratio, growth, floor = (robust.screen_peer_ratio, robust.screen_max_growth,
                             robust.screen_rms_floor)
     if holders >= 3 and peers:
@@ -126,10 +158,13 @@ def screen_verdict(size_rms: float, ref_rms: float, length: float, median: float
 
 
 def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]],
-           robust: RobustConfig, peers: bool = True) -> dict[str, str]:
+           robust: RobustConfig, peers: bool = True,
+           reach: dict[str, dict[str, float]] | None = None) -> dict[str, str]:
     """Client id -> why its update is rejected (module docstring), for the clients rejected.
     ``sent``: client id -> the tensors the server sent it. ``peers`` False (under DP): every
-    tensor is judged against the global tensor only."""
+    tensor is judged against the global tensor only. ``reach``: client id -> tensor name ->
+    the farthest its training can move that tensor (``sgd_reach``), where known."""
+    reach = reach or {}
     stats: dict[str, dict[str, tuple[float, float, float]]] = {}  # name -> client -> stats
     for u in sorted(updates, key=lambda u: u.client):
         for name, value in sorted(u.tensors.items()):
@@ -140,7 +175,8 @@ def screen(updates: list[ClientUpdate], sent: dict[str, dict[str, np.ndarray]],
     for name, by_client in sorted(stats.items()):
         median = float(np.median([n for _, _, n in by_client.values()]))
         for client, (size_rms, ref_rms, length) in sorted(by_client.items()):
-            why = screen_verdict(size_rms, ref_rms, length, median, len(by_client), robust, peers)
+            why = screen_verdict(size_rms, ref_rms, length, median, len(by_client), robust, peers,
+                                 reach.get(client, {}).get(name))
             if why and client not in rejected:
                 rejected[client] = f"screening: '{name}': {why}"
     return rejected

@@ -328,7 +328,11 @@ class LayerPlanStrategy(Strategy):
             judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
                                               if n not in self.unscreened}, u.num_examples)
                       for u in updates]
-            for client, why in screen(judged, sent, self.cfg.robust, peers=not self.dp).items():
+            reach = ({u.client: self.recipe.update_bounds(sent[u.client], u.num_examples,
+                                                          server_round, self.max_batches())
+                      for u in judged} if self.recipe is not None else {})
+            for client, why in screen(judged, sent, self.cfg.robust, peers=not self.dp,
+                                      reach=reach).items():
                 entry.rejected[int(client)] = why
                 log.warning("round %d: rejected client %s: %s", server_round, client, why)
             updates = [u for u in updates if int(u.client) not in entry.rejected]

@@ -158,6 +158,8 @@ def ensemble_log_probs(logits: list[torch.Tensor]) -> torch.Tensor:
 class DepthFLRecipe(ClientRecipe):
     """Exits on the model, the self-distillation loss, ensemble inference."""
 
+    gradient_bounds: dict[str, float] = {}  # the exits' distillation adds to every head's gradient
+
     tensor_formulas = {"exits.": "DepthFL exit classifier: Linear on the pooled features after "
                                  "block <d> (exits.<d>); prediction = mean over exits and head "
                                  "of log_softmax"}

@@ -204,6 +204,8 @@ def initial_bricks(state: dict[str, np.ndarray], seed: int) -> dict[str, np.ndar
 class FedBRICKRecipe(ClientRecipe):
     """BRICKs on the model; the two-stage local training (Eq. 21-24)."""
 
+    gradient_bounds: dict[str, float] = {}  # two stages: more steps than one local round
+
     tensor_formulas = {"bricks.": "FedBRICK BRICK E(x) = x * softmax(B1 A1 x) + B2 A2 x + x "
                                   "standing in for block <position> of domain <domain>"}
 

@@ -50,6 +50,8 @@ def public_set(cfg: RunConfig):
 class FedMDRecipe(ClientRecipe):
     """Digest the received consensus, revisit local data, reply with the scores on D_0."""
 
+    gradient_bounds: dict[str, float] = {}  # the digest trains on the public set first
+
     def received(self, model, plan):
         if not hasattr(self, "_consensus"):
             self._public = public_set(self.cfg)

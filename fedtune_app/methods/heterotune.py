@@ -169,6 +169,7 @@ def is_fixed_branch(name: str, cfg: RunConfig) -> bool:
 
 
 class HeteroTuneRecipe(ClientRecipe):
+    gradient_bounds: dict[str, float] = {}  # its own loss
     tensor_formulas = {".adapter.A": "HeteroTune fused FedAdapter (Eq. 6) on the Linear's "
                                      "output y: y + gelu(y @ A) @ B"}
 

@@ -106,6 +106,8 @@ def attach_core_lora(model, modules: list[str], r: int, alpha: float, dropout: f
 class PFedLoRARecipe(ClientRecipe):
     """The B C A adapter instead of peft's LoRA, C = I at start, iterative local training."""
 
+    gradient_bounds: dict[str, float] = {}  # two training phases a round
+
     def build(self, spec, backbone=build_backbone):
         model = backbone(spec)
         modules = resolve_modules(model, self.cfg.adapter.adapter_modules)

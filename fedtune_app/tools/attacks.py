@@ -22,9 +22,10 @@ Each attacker trains honestly, then replaces its update Delta, per tensor t it h
                  flip-in-bound
 
 A tensor the attacker holds alone has no honest update to read: mu_t is its own update. Then,
-knowing screening's bounds, every attack shrinks the tensors screening would reject (x 0.8 until
-it passes: ``inside_screening``), so that it is never rejected. Colluders (``--attackers 0,1``)
-send the same update, crafted from the honest clients' updates only.
+knowing screening's bounds (the bound of its own local training's reach on the head's bias
+included, for the example count it reports), every attack shrinks the tensors screening would
+reject (x 0.8 until it passes: ``inside_screening``), so that it is never rejected. Colluders
+(``--attackers 0,1``) send the same update, crafted from the honest clients' updates only.
 
 Per (attack, defence), one in-process run (the real ServerApp logic and ClientApp over the
 in-process Grid, as ``tools.compare``); per defence, an honest run and the run with the
@@ -50,12 +51,13 @@ from fedtune_app.apps.evaluation import build_global
 from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import RobustConfig, RunConfig, setup_logging
+from fedtune_app.data.groups import GroupedRecipe, num_groups
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import norm, rms, screen, screen_verdict
-from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply
-from fedtune_app.methods import resolve_config
+from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply, TrainTask
+from fedtune_app.methods import recipe_for, resolve_config
 
 CRUDE = ("huge", "flip", "noise", "diverge")
 ADAPTIVE = ("alie", "ipm", "min-max", "min-sum", "flip-in-bound", "fewest", "lie")
@@ -117,12 +119,15 @@ def craft_tensor(attack: str, own: np.ndarray, honest: list[np.ndarray], holders
 
 
 def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[ClientUpdate],
-                     sent: dict[str, dict[str, np.ndarray]], robust: RobustConfig) -> dict:
+                     sent: dict[str, dict[str, np.ndarray]], robust: RobustConfig,
+                     reach: dict[str, dict[str, float]] | None = None) -> dict:
     """Shrink, x 0.8 at a time, each attacker's tensors that screening would reject, until no
     attacker is rejected (the attacker knows the bounds and the other updates). ``crafted``:
-    attacker -> name -> update; returns the same with the accepted updates."""
+    attacker -> name -> update; ``reach``: screening's bound of each attacker's training reach
+    (``robust.screen``); returns the same with the accepted updates."""
     if not robust.screen_updates:
         return crafted
+    reach = reach or {}
     crafted = {a: dict(t) for a, t in crafted.items()}
     honest = {}  # name -> the honest holders' update norms
     for u in others:
@@ -135,11 +140,11 @@ def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[Cli
                 norms.setdefault(n, []).append(norm(d))
         bad = [(a, n) for a, t in crafted.items() for n, d in t.items()
                if screen_verdict(rms(d), rms(sent[a][n]), norm(d), float(np.median(norms[n])),
-                                 len(norms[n]), robust)]
+                                 len(norms[n]), robust, reach=reach.get(a, {}).get(n))]
         if not bad:
             ups = others + [ClientUpdate(a, {n: sent[a][n] + d for n, d in t.items()}, 1)
                             for a, t in crafted.items()]
-            assert not set(screen(ups, sent, robust)) & set(crafted)
+            assert not set(screen(ups, sent, robust, reach=reach)) & set(crafted)
             return crafted
         for a, n in bad:
             crafted[a][n] = crafted[a][n] * 0.8
@@ -148,9 +153,11 @@ def inside_screening(crafted: dict[str, dict[str, np.ndarray]], others: list[Cli
 
 def craft_round(attack: str, attackers: list[str], updates: dict[str, dict[str, np.ndarray]],
                 sent: dict[str, dict[str, np.ndarray]], robust: RobustConfig, z: float = 1.5,
-                epsilon: float = 2.0) -> dict[str, dict[str, np.ndarray]]:
+                epsilon: float = 2.0, reach: dict[str, dict[str, float]] | None = None
+                ) -> dict[str, dict[str, np.ndarray]]:
     """Attacker -> its malicious update (name -> Delta) for one round; ``updates``: every
-    client's honest update this round (client -> name -> Delta), ``sent``: what each got."""
+    client's honest update this round (client -> name -> Delta), ``sent``: what each got,
+    ``reach``: screening's training-reach bounds of each attacker's tensors."""
     holders: dict[str, int] = {}
     for tensors in updates.values():
         for name in tensors:
@@ -164,7 +171,7 @@ def craft_round(attack: str, attackers: list[str], updates: dict[str, dict[str, 
                       for n, own in updates[a].items()}
     others = [ClientUpdate(c, {n: sent[c][n] + d for n, d in t.items()}, 1)
               for c, t in updates.items() if c not in attackers]
-    return inside_screening(crafted, others, sent, robust)
+    return inside_screening(crafted, others, sent, robust, reach)
 
 
 def renamed(reply: Message, old: Message) -> Message:
@@ -183,6 +190,9 @@ class AttackGrid(InProcessGrid):
         super().__init__(client_app, node_configs, run_config)
         self.cfg, self.attack, self.attackers = cfg, attack, attackers
         self.z, self.epsilon = z, epsilon
+        groups = num_groups(cfg.model)  # the server's recipe: screening's reach bounds
+        self.recipe = (GroupedRecipe([recipe_for(cfg, g) for g in range(groups)]) if groups
+                       else recipe_for(cfg))
         self.crafted: list[dict] = []  # per round: attacker -> name -> Delta (for the tests)
 
     def push_messages(self, messages):
@@ -207,14 +217,20 @@ class AttackGrid(InProcessGrid):
         attackers = [str(a) for a in self.attackers if str(a) in updates]
         if not attackers:
             return ids
+        factor = LIE_FACTOR if self.attack == "lie" else 1
+        reach = {}
+        for a in attackers:
+            task = TrainTask.from_message(by_pid[int(a)])
+            examples = factor * int(TrainReply.from_message(replies[int(a)][0]).num_examples)
+            reach[a] = self.recipe.update_bounds(sent[a], examples, task.server_round,
+                                                 task.max_batches)
         crafted = craft_round(self.attack, attackers, updates, sent, self.cfg.robust, self.z,
-                              self.epsilon)
+                              self.epsilon, reach)
         self.crafted.append(crafted)
         for a, tensors in crafted.items():
             old = replies[int(a)][0]
             answer = TrainReply.from_message(old)
-            if self.attack == "lie":
-                answer = replace(answer, num_examples=LIE_FACTOR * int(answer.num_examples))
+            answer = replace(answer, num_examples=factor * int(answer.num_examples))
             values = {n: (sent[a][n] + d).astype(sent[a][n].dtype) for n, d in tensors.items()}
             crafted_reply = replace(answer, arrays=to_record(values))
             replies[int(a)][0] = renamed(crafted_reply.to_message(by_pid[int(a)]), old)

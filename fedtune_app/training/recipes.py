@@ -11,12 +11,15 @@ AllSmall, InclusiveFL). A method with its own recipe names it when it registers
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from flwr.app import Context
 from torch import nn
 
 from fedtune_app.config import RunConfig
+from fedtune_app.federated.robust import norm, sgd_reach
 from fedtune_app.model.adapters import (
     AdapterSpec,
     attach_adapters,
@@ -26,7 +29,7 @@ from fedtune_app.model.adapters import (
     trainable_parameters,
 )
 from fedtune_app.model.backbones import LayeredModel, ModelSpec, build_backbone
-from fedtune_app.training.local import train_local
+from fedtune_app.training.local import round_lr, train_local
 
 
 class ClientRecipe:
@@ -34,6 +37,11 @@ class ClientRecipe:
     # formula), and the name parts of those that change what the global model predicts
     tensor_formulas: dict[str, str] = {}
     predicting_tensors: tuple[str, ...] = ()
+    # model tensor -> a bound on the norm of the local loss's gradient on it at every step,
+    # whatever the data: the head's bias under cross-entropy gets the batch mean of
+    # softmax(z) - onehot(y), whose norm is at most sqrt(2). A recipe with its own ``loss`` or
+    # ``fit`` states its own (none: {}); screening judges these tensors by ``update_bounds``.
+    gradient_bounds: dict[str, float] = {"head.bias": math.sqrt(2)}
 
     @staticmethod
     def library_state(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -96,6 +104,29 @@ class ClientRecipe:
         plan's sub-network on ``params`` (FedMD digests first, pFedLoRA trains in two phases)."""
         return train_local(model.subnetwork(plan), list(params.values()), examples,
                            self.cfg.training, seed=seed, device=device, loss_fn=loss_fn)
+
+    def update_bounds(self, sent: dict[str, np.ndarray], num_examples: int, server_round: int,
+                      max_batches: int = 0) -> dict[str, float]:
+        """Global name -> the farthest (L2) a client training ``num_examples`` examples in round
+        ``server_round`` can move that tensor from its ``sent`` value (``robust.sgd_reach``):
+        the tensors of ``gradient_bounds`` under SGD with the plain or FedProx objective (FedDyn's
+        linear term is the client's own state: unbounded here)."""
+        training = self.cfg.training
+        kind, coef = self.cfg.objective
+        if training.optimizer != "sgd" or kind == "feddyn":
+            return {}
+        batches = math.ceil(num_examples / training.batch_size)
+        steps = training.local_epochs * (min(batches, max_batches) if max_batches else batches)
+        lr = round_lr(self.cfg, server_round)
+        bounds = {}
+        for name, grad_bound in self.gradient_bounds.items():
+            if (wired := self.wire(name)) in sent:
+                if training.grad_clip > 0:  # clipping only ever shortens the gradient
+                    grad_bound = min(grad_bound, training.grad_clip)
+                bounds[wired] = sgd_reach(steps, lr, training.momentum, grad_bound,
+                                          training.weight_decay, norm(sent[wired]),
+                                          coef if kind == "fedprox" else 0.0)
+        return bounds
 
     def root_update(self, model: LayeredModel, state: dict[str, np.ndarray],
                     server_round: int) -> dict[str, np.ndarray]:
