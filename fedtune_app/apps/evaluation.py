@@ -77,17 +77,21 @@ class GlobalEvaluator:
                                                np.nan_to_num(per_class).tolist()))} | extra
 
 
+def global_recipe(cfg: RunConfig):
+    """The recipe the server holds: the method's, or a ``GroupedRecipe`` of one per group."""
+    groups = len(group_specs(cfg.model))
+    return GroupedRecipe([recipe_for(cfg, g) for g in range(groups)]) if groups else recipe_for(cfg)
+
+
 def build_global(cfg: RunConfig):
     """(model, recipe) the server holds: one backbone + adapters, or a ``GroupedModel``."""
-    specs = group_specs(cfg.model)
-    if not specs:
-        recipe = recipe_for(cfg)
+    recipe = global_recipe(cfg)
+    if not isinstance(recipe, GroupedRecipe):
         return recipe.build(ModelSpec.from_config(cfg.model, run_num_classes(cfg))), recipe
-    recipes = [recipe_for(cfg, g) for g in range(len(specs))]
-    groups = [group_config(cfg, g) for g in range(len(specs))]
+    groups = [group_config(cfg, g) for g in range(len(recipe.recipes))]
     models = [r.build(ModelSpec.from_config(g.model, run_num_classes(g)))
-              for g, r in zip(groups, recipes)]
-    return GroupedModel(models), GroupedRecipe(recipes)
+              for g, r in zip(groups, recipe.recipes)]
+    return GroupedModel(models), recipe
 
 
 def parameter_counts(model: nn.Module, recipe) -> dict[str, float]:

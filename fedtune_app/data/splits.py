@@ -37,6 +37,12 @@ SPLIT_SEED = 20240601
 TEST_FRACTION = 0.2
 
 
+def batches_per_pass(num_examples: int, batch_size: int, max_batches: int = 0) -> int:
+    """Batches of one pass over ``num_examples`` examples, at most ``max_batches`` (0: all)."""
+    full = math.ceil(num_examples / batch_size)
+    return min(full, max_batches) if max_batches else full
+
+
 @dataclass
 class Examples:
     inputs: torch.Tensor | dict[str, torch.Tensor]
@@ -56,8 +62,7 @@ class Examples:
 
     def num_batches(self, batch_size: int) -> int:
         """Batches of one pass."""
-        full = math.ceil(len(self) / batch_size)
-        return min(full, self.max_batches) if self.max_batches else full
+        return batches_per_pass(len(self), batch_size, self.max_batches)
 
     def batches(self, batch_size: int, generator: torch.Generator | None = None):
         """(inputs, labels) mini-batches; shuffled when a generator is given."""

@@ -328,8 +328,9 @@ class LayerPlanStrategy(Strategy):
             judged = [ClientUpdate(u.client, {n: v for n, v in u.tensors.items()
                                               if n not in self.unscreened}, u.num_examples)
                       for u in updates]
+            cap = self.max_batches()
             reach = ({u.client: self.recipe.update_bounds(sent[u.client], u.num_examples,
-                                                          server_round, self.max_batches())
+                                                          server_round, cap)
                       for u in judged} if self.recipe is not None else {})
             for client, why in screen(judged, sent, self.cfg.robust, peers=not self.dp,
                                       reach=reach).items():

@@ -47,17 +47,16 @@ from flwr.app import Message, MessageType
 from flwr.common.config import parse_config_args
 from safetensors.numpy import load_file
 
-from fedtune_app.apps.evaluation import build_global
+from fedtune_app.apps.evaluation import build_global, global_recipe
 from fedtune_app.apps.inprocess import InProcessGrid, simulation_nodes
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import RobustConfig, RunConfig, setup_logging
-from fedtune_app.data.groups import GroupedRecipe, num_groups
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import norm, rms, screen, screen_verdict
 from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply, TrainTask
-from fedtune_app.methods import recipe_for, resolve_config
+from fedtune_app.methods import resolve_config
 
 CRUDE = ("huge", "flip", "noise", "diverge")
 ADAPTIVE = ("alie", "ipm", "min-max", "min-sum", "flip-in-bound", "fewest", "lie")
@@ -190,9 +189,7 @@ class AttackGrid(InProcessGrid):
         super().__init__(client_app, node_configs, run_config)
         self.cfg, self.attack, self.attackers = cfg, attack, attackers
         self.z, self.epsilon = z, epsilon
-        groups = num_groups(cfg.model)  # the server's recipe: screening's reach bounds
-        self.recipe = (GroupedRecipe([recipe_for(cfg, g) for g in range(groups)]) if groups
-                       else recipe_for(cfg))
+        self.recipe = global_recipe(cfg)  # the server's: screening's reach bounds
         self.crafted: list[dict] = []  # per round: attacker -> name -> Delta (for the tests)
 
     def push_messages(self, messages):

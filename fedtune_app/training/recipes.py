@@ -19,6 +19,7 @@ from flwr.app import Context
 from torch import nn
 
 from fedtune_app.config import RunConfig
+from fedtune_app.data.splits import batches_per_pass
 from fedtune_app.federated.robust import norm, sgd_reach
 from fedtune_app.model.adapters import (
     AdapterSpec,
@@ -115,8 +116,8 @@ class ClientRecipe:
         kind, coef = self.cfg.objective
         if training.optimizer != "sgd" or kind == "feddyn":
             return {}
-        batches = math.ceil(num_examples / training.batch_size)
-        steps = training.local_epochs * (min(batches, max_batches) if max_batches else batches)
+        steps = training.local_epochs * batches_per_pass(num_examples, training.batch_size,
+                                                         max_batches)
         lr = round_lr(self.cfg, server_round)
         bounds = {}
         for name, grad_bound in self.gradient_bounds.items():
