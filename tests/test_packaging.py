@@ -4,6 +4,7 @@ nothing else; the `fedtune` command and every subcommand answer --help."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -20,7 +21,16 @@ def test_flwr_build_ships_the_app_without_tests_notebooks_benchmarks_docs(tmp_pa
     env = os.environ | {"FLWR_HOME": str(tmp_path / ".flwr"), "FLWR_TELEMETRY_ENABLED": "0",
                         "FLWR_DISABLE_UPDATE_CHECK": "1",
                         "PATH": f"{BIN}:{os.environ['PATH']}"}
-    subprocess.run([str(BIN / "flwr"), "build", "--app", str(ROOT)], cwd=tmp_path, env=env,
+    # flwr build takes the app's name from its folder, and a checkout may sit in any folder
+    # (mktemp's "tmp.XXXX" is no valid name): build a copy of the working tree's files
+    app = tmp_path / "fedtune-app"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, text=True, check=True, capture_output=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (app / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, app / name)
+    subprocess.run([str(BIN / "flwr"), "build", "--app", str(app)], cwd=tmp_path, env=env,
                    check=True, capture_output=True, timeout=300)
     [fab] = tmp_path.glob("*.fab")
     names = zipfile.ZipFile(fab).namelist()
