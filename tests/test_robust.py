@@ -64,9 +64,35 @@ def test_masked_clipped_mean_by_hand():
     updates = [ClientUpdate("1", {"a": f32(4, 5)}, 1), ClientUpdate("2", {"a": f32(1, 2)}, 1),
                ClientUpdate("3", {"a": f32(31, 41), "b": f32(-7)}, 2)]
     new = combine(state, updates, cfg(aggregator="clipped-mean"))
-    # example-weighted: (1 (3,4) + 1 (0,1) + 2 (3,4)) / 4 = (9/4, 13/4), plus the state
-    np.testing.assert_allclose(new["a"], f32(1 + 9 / 4, 1 + 13 / 4), rtol=1e-6)
-    np.testing.assert_array_equal(new["b"], f32(-7))  # one holder: the median is its own norm
+    # example counts 1, 1, 2 capped at their median 1: ((3,4) + (0,1) + (3,4)) / 3 = (2, 3)
+    np.testing.assert_allclose(new["a"], f32(1 + 2, 1 + 3), rtol=1e-6)
+    # one holder and no other block of its role: the median is its own norm
+    np.testing.assert_array_equal(new["b"], f32(-7))
+
+
+def test_clipped_mean_bounds_a_tensor_with_few_holders_by_its_role_in_other_blocks():
+    # block 0 held by 3 clients (update norms 1, 2, 3), block 1 by client 3 alone (norm 40):
+    # the median of 1 norm is its own, so block 1 is clipped to the median of its role's
+    # updates this round, norms (1, 2, 3, 40) -> 2.5: (0, 40) -> (0, 2.5)
+    state = {"blocks.0.lora_B": f32(0, 0), "blocks.1.lora_B": f32(0, 0)}
+    updates = [ClientUpdate("1", {"blocks.0.lora_B": f32(1, 0)}, 1),
+               ClientUpdate("2", {"blocks.0.lora_B": f32(2, 0)}, 1),
+               ClientUpdate("3", {"blocks.0.lora_B": f32(3, 0), "blocks.1.lora_B": f32(0, 40)}, 1)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    np.testing.assert_allclose(new["blocks.1.lora_B"], f32(0, 2.5), rtol=1e-6)
+    # block 0, 3 holders: its own median 2 clips (3, 0) to (2, 0): (1 + 2 + 2) / 3
+    np.testing.assert_allclose(new["blocks.0.lora_B"], f32(5 / 3, 0), rtol=1e-6)
+
+
+def test_clipped_mean_caps_a_claimed_example_count_at_the_rounds_median():
+    # the liar (client 3) claims 100 examples against 10 and 20: capped at the median 20, its
+    # update (-1) weighs 20 against 10 + 20 honest (+1): (10 + 20 - 20) / 50 = 0.2, not the
+    # (30 - 100) / 130 = -0.54 that the claim alone would buy
+    state = {"a": f32(0)}
+    updates = [ClientUpdate("1", {"a": f32(1)}, 10), ClientUpdate("2", {"a": f32(1)}, 20),
+               ClientUpdate("3", {"a": f32(-1)}, 100)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    np.testing.assert_allclose(new["a"], f32(0.2), rtol=1e-6)
 
 
 def test_keyed_median_shares_one_value():

@@ -42,7 +42,10 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  unweighted, with Flower's own ``trim_mean`` (FedTrimmedAvg; Yin et al. 2018);
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
-                 adaptive bound), then the example-weighted mean
+                 adaptive bound; with fewer than 3 holders, the median norm of the same tensor
+                 over every block this round, ``role_of``), then the example-weighted mean with
+                 each example count capped at the median count of the round's replies (a count
+                 is the client's own claim: an inflated one weighs no more than a typical one)
   fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
                  block) for one local round on its root set, the proxy split held out of every
                  client's data (``proxy-fraction``), giving its update g; client i's trust score
@@ -91,6 +94,7 @@ screening accepted, is not taken: the round keeps the previous state and says wh
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -210,6 +214,9 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
             groups.setdefault(keys[name], []).append(
                 Held(u.client, value.astype(np.float64) - state[name], state[name],
                      u.num_examples))
+    if rule == "clipped-mean":
+        clip_bounds = role_clip_bounds(groups)
+        weight_cap = float(np.median([u.num_examples for u in updates]))
     new_state = dict(state)
     for key, held in groups.items():
         values = np.stack([h.sent + h.delta for h in held])
@@ -219,10 +226,11 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         elif rule == "trimmed-mean":
             agg = trim_mean(values, robust.trim_beta)
         elif rule == "clipped-mean":
-            bound = float(np.median([norm(d) for d in deltas]))
+            bound = (clip_bounds[key] if key in clip_bounds else
+                     float(np.median([norm(d) for d in deltas])))
             clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))
                        for h in held]
-            weights = np.array([h.examples for h in held], dtype=np.float64)
+            weights = np.array([min(h.examples, weight_cap) for h in held], dtype=np.float64)
             agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
         elif rule == "fltrust":
             agg = held[0].sent + fltrust_step(deltas, [trust[h.client] for h in held],
@@ -241,6 +249,27 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         for name in names[key]:
             new_state[name] = agg.astype(state[name].dtype)
     return new_state
+
+
+# -- clipped-mean: FLAME's median-norm bound, with peers wherever a tensor has few holders ------
+PEERS_NEEDED = 3  # the median of 1 or 2 norms is no robust statistic: an attacker is half of it
+
+
+def role_of(key: str) -> str:
+    """The tensor's role, the same in every block: 'blocks.3.attn.lora_B' -> 'blocks.*.attn.lora_B'."""
+    return re.sub(r"\bblocks\.\d+\.", "blocks.*.", key)
+
+
+def role_clip_bounds(groups: dict[str, list[Held]]) -> dict[str, float]:
+    """key -> the clipping bound of a tensor with fewer than PEERS_NEEDED holders: the median
+    norm of every update of its role this round (the same tensor of the other blocks, which
+    more clients hold: FedRA's deep blocks often have one or two holders, and the median of
+    their norms would be the attacker's own); absent where that pool is too small as well."""
+    pools: dict[str, list[float]] = {}
+    for key, held in groups.items():
+        pools.setdefault(role_of(key), []).extend(norm(h.delta) for h in held)
+    return {key: float(np.median(pools[role_of(key)])) for key, held in groups.items()
+            if len(held) < PEERS_NEEDED and len(pools[role_of(key)]) >= PEERS_NEEDED}
 
 
 @dataclass
