@@ -71,16 +71,21 @@ def test_masked_clipped_mean_by_hand():
 
 
 def test_clipped_mean_bounds_a_tensor_with_few_holders_by_its_role_in_other_blocks():
-    # block 0 held by 3 clients (update norms 1, 2, 3), block 1 by client 3 alone (norm 40):
-    # the median of 1 norm is its own, so block 1 is clipped to the median of its role's
-    # updates this round, norms (1, 2, 3, 40) -> 2.5: (0, 40) -> (0, 2.5)
-    state = {"blocks.0.lora_B": f32(0, 0), "blocks.1.lora_B": f32(0, 0)}
+    # block 0 held by 3 clients (update norms 1, 2, 4); blocks 1-3 by client 3 alone (norms
+    # 40, 50, 60): the median of one norm is its own, so they are clipped by their role: the
+    # median over clients 1, 2, 3 of each one's median norm on blocks.*.lora_B, (1, 2,
+    # median(4, 40, 50, 60) = 45) -> 2 (the tensors of client 3 are 4 of the role's 6 norms,
+    # but it has one vote)
+    state = {f"blocks.{b}.lora_B": f32(0, 0) for b in range(4)}
     updates = [ClientUpdate("1", {"blocks.0.lora_B": f32(1, 0)}, 1),
                ClientUpdate("2", {"blocks.0.lora_B": f32(2, 0)}, 1),
-               ClientUpdate("3", {"blocks.0.lora_B": f32(3, 0), "blocks.1.lora_B": f32(0, 40)}, 1)]
+               ClientUpdate("3", {"blocks.0.lora_B": f32(4, 0), "blocks.1.lora_B": f32(0, 40),
+                                  "blocks.2.lora_B": f32(0, 50), "blocks.3.lora_B": f32(0, 60)},
+                            1)]
     new = combine(state, updates, cfg(aggregator="clipped-mean"))
-    np.testing.assert_allclose(new["blocks.1.lora_B"], f32(0, 2.5), rtol=1e-6)
-    # block 0, 3 holders: its own median 2 clips (3, 0) to (2, 0): (1 + 2 + 2) / 3
+    for b in (1, 2, 3):
+        np.testing.assert_allclose(new[f"blocks.{b}.lora_B"], f32(0, 2), rtol=1e-6)
+    # block 0, 3 holders: its own median 2 clips (4, 0) to (2, 0): (1 + 2 + 2) / 3
     np.testing.assert_allclose(new["blocks.0.lora_B"], f32(5 / 3, 0), rtol=1e-6)
 
 
@@ -541,7 +546,8 @@ COVERED = TWO_ROUNDS | {"capacities": "4,3,3,2,2", "min-holders": 3}
 
 
 @pytest.mark.parametrize("defence", [
-    {"aggregator": "fltrust"}, COVERED | {"aggregator": "centred-clip"},
+    {"aggregator": "fltrust"}, TWO_ROUNDS | {"aggregator": "clipped-mean"},
+    COVERED | {"aggregator": "centred-clip"},
     COVERED | {"aggregator": "multi-krum"}, COVERED | {"aggregator": "median"},
     COVERED | {"aggregator": "bulyan", "capacities": "4,3,3,2,2,2,2"}])
 def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):

@@ -42,8 +42,8 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  unweighted, with Flower's own ``trim_mean`` (FedTrimmedAvg; Yin et al. 2018);
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
-                 adaptive bound; with fewer than 3 holders, the median norm of the same tensor
-                 over every block this round, ``role_of``), then the example-weighted mean with
+                 adaptive bound; with fewer than 3 holders, the median over the clients of
+                 each one's median norm on the same tensor of every block, ``role_of``), then the example-weighted mean with
                  each example count capped at the median count of the round's replies (a count
                  is the client's own claim: an inflated one weighs no more than a typical one)
   fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
@@ -261,15 +261,21 @@ def role_of(key: str) -> str:
 
 
 def role_clip_bounds(groups: dict[str, list[Held]]) -> dict[str, float]:
-    """key -> the clipping bound of a tensor with fewer than PEERS_NEEDED holders: the median
-    norm of every update of its role this round (the same tensor of the other blocks, which
-    more clients hold: FedRA's deep blocks often have one or two holders, and the median of
-    their norms would be the attacker's own); absent where that pool is too small as well."""
-    pools: dict[str, list[float]] = {}
+    """key -> the clipping bound of a tensor with fewer than PEERS_NEEDED holders: the median,
+    over the clients holding any tensor of its role this round (the same tensor of the other
+    blocks, which more clients hold: FedRA's deep blocks often have one or two holders, and the
+    median of their norms would be the attacker's own), of each client's median update norm on
+    that role. One value per client, so that a client holding every block, whose tensors are
+    most of the role's, still has one vote. Absent where fewer than PEERS_NEEDED clients hold
+    the role."""
+    pools: dict[str, dict[str, list[float]]] = {}
     for key, held in groups.items():
-        pools.setdefault(role_of(key), []).extend(norm(h.delta) for h in held)
-    return {key: float(np.median(pools[role_of(key)])) for key, held in groups.items()
-            if len(held) < PEERS_NEEDED and len(pools[role_of(key)]) >= PEERS_NEEDED}
+        for h in held:
+            pools.setdefault(role_of(key), {}).setdefault(h.client, []).append(norm(h.delta))
+    medians = {role: float(np.median([np.median(v) for v in by_client.values()]))
+               for role, by_client in pools.items() if len(by_client) >= PEERS_NEEDED}
+    return {key: medians[role_of(key)] for key, held in groups.items()
+            if len(held) < PEERS_NEEDED and role_of(key) in medians}
 
 
 @dataclass
