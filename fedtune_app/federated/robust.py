@@ -43,9 +43,10 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
                  adaptive bound; with fewer than 3 holders, the median over the clients of
-                 each one's median norm on the same tensor of every block, ``role_of``), then the example-weighted mean with
-                 each example count capped at the median count of the round's replies (a count
-                 is the client's own claim: an inflated one weighs no more than a typical one)
+                 each one's median norm on the same tensor of every block, ``role_of``), then
+                 the example-weighted mean with each example count capped at the median count
+                 of the round's replies (a count is the client's own claim: an inflated one
+                 weighs no more than a typical one)
   fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
                  block) for one local round on its root set, the proxy split held out of every
                  client's data (``proxy-fraction``), giving its update g; client i's trust score
@@ -256,7 +257,7 @@ PEERS_NEEDED = 3  # the median of 1 or 2 norms is no robust statistic: an attack
 
 
 def role_of(key: str) -> str:
-    """The tensor's role, the same in every block: 'blocks.3.attn.lora_B' -> 'blocks.*.attn.lora_B'."""
+    """The tensor's role, the same in every block: blocks.3.attn.lora_B -> blocks.*.attn.lora_B."""
     return re.sub(r"\bblocks\.\d+\.", "blocks.*.", key)
 
 
