@@ -547,7 +547,7 @@ COVERED = TWO_ROUNDS | {"capacities": "4,3,3,2,2", "min-holders": 3}
 
 @pytest.mark.parametrize("defence", [
     {"aggregator": "fltrust"}, TWO_ROUNDS | {"aggregator": "clipped-mean"},
-    COVERED | {"aggregator": "centred-clip"},
+    TWO_ROUNDS | {"aggregator": "centred-clip"}, COVERED | {"aggregator": "centred-clip"},
     COVERED | {"aggregator": "multi-krum"}, COVERED | {"aggregator": "median"},
     COVERED | {"aggregator": "bulyan", "capacities": "4,3,3,2,2,2,2"}])
 def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):

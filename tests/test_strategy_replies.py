@@ -662,9 +662,14 @@ def test_centred_clipping_keeps_each_tensors_step_for_the_next_round():
     strategy, tasks = start(**{"aggregator": "centred-clip"})
     strategy.aggregate_train(1, sound_replies(tasks))
     assert sorted(strategy.centres) == sorted(STATE)
-    # block 2, one holder: clipped to its own norm from centre 0, the step is its update
-    np.testing.assert_array_equal(strategy.centres[B2], [-1, 2])
-    np.testing.assert_array_equal(strategy.state[B2], f32(2, 5))
+    # blocks 1 (2 holders) and 2 (one) take the radius of their role blocks.*.w: each
+    # client's median distance to centre 0 over its blocks, partition 0: (0.5, 2, sqrt 5) -> 2,
+    # 1: (sqrt 1.25, sqrt 2.5) -> 1.349, 2: sqrt 13.25 = 3.64; their median 2. Block 2's
+    # update (-1, 2), of norm sqrt 5, is clipped to norm 2
+    np.testing.assert_allclose(strategy.centres[B2], np.array([-1, 2]) * 2 / np.sqrt(5),
+                               rtol=1e-12)
+    # block 1: (2, 0) and (-1.5, 0.5) are within 2: their mean
+    np.testing.assert_allclose(strategy.centres[B1], [0.25, 0.25], rtol=1e-12)
 
 
 def test_tensors_that_share_a_key_get_one_value():

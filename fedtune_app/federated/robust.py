@@ -57,7 +57,9 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  v <- v + mean_i clip_tau(Delta_i - v), ``cc-iterations`` times, from v = the
                  previous round's aggregated update of t (server momentum: the history the rule
                  is centred on; kept in the checkpoint); tau = ``cc-tau`` or, 0, the holders'
-                 median distance to v. Unweighted. The paper's worker momentum is not here:
+                 median distance to v (with fewer than 3 holders, the median over the clients
+                 of each one's median distance on the same tensor of every block, as
+                 clipped-mean's bound). Unweighted. The paper's worker momentum is not here:
                  clients are sampled and keep no state; a local round of several steps plays
                  its part of averaging out the noise.
   multi-krum     (Blanchard et al., NeurIPS 2017) the mean of the n - f updates of lowest Krum
@@ -215,9 +217,14 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
             groups.setdefault(keys[name], []).append(
                 Held(u.client, value.astype(np.float64) - state[name], state[name],
                      u.num_examples))
+    centres = {key: (memory or {}).get(key, np.zeros_like(held[0].delta))
+               for key, held in groups.items()} if rule == "centred-clip" else {}
+    radii: dict[str, float] = {}  # centred-clip, tau 0: the radius of a tensor with few holders
     if rule == "clipped-mean":
-        clip_bounds = role_clip_bounds(groups)
+        clip_bounds = role_clip_bounds(groups, lambda key, h: norm(h.delta))
         weight_cap = float(np.median([u.num_examples for u in updates]))
+    elif rule == "centred-clip" and not robust.cc_tau:
+        radii = role_clip_bounds(groups, lambda key, h: norm(h.delta - centres[key]))
     new_state = dict(state)
     for key, held in groups.items():
         values = np.stack([h.sent + h.delta for h in held])
@@ -237,9 +244,8 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
             agg = held[0].sent + fltrust_step(deltas, [trust[h.client] for h in held],
                                               reference[names[key][0]])
         elif rule == "centred-clip":
-            centre = memory.get(key, np.zeros_like(deltas[0])) if memory is not None \
-                else np.zeros_like(deltas[0])
-            step = centred_clip(deltas, centre, robust.cc_tau, robust.cc_iterations)
+            step = centred_clip(deltas, centres[key], radii.get(key, robust.cc_tau),
+                                robust.cc_iterations)
             if memory is not None:
                 memory[key] = step
             agg = held[0].sent + step
@@ -261,18 +267,19 @@ def role_of(key: str) -> str:
     return re.sub(r"\bblocks\.\d+\.", "blocks.*.", key)
 
 
-def role_clip_bounds(groups: dict[str, list[Held]]) -> dict[str, float]:
+def role_clip_bounds(groups: dict[str, list[Held]], size) -> dict[str, float]:
     """key -> the clipping bound of a tensor with fewer than PEERS_NEEDED holders: the median,
     over the clients holding any tensor of its role this round (the same tensor of the other
     blocks, which more clients hold: FedRA's deep blocks often have one or two holders, and the
-    median of their norms would be the attacker's own), of each client's median update norm on
-    that role. One value per client, so that a client holding every block, whose tensors are
+    median of their sizes would be the attacker's own), of each client's median ``size(key,
+    held)`` on that role (clipped-mean: the update's norm; centred-clip: its distance to the
+    centre). One value per client, so that a client holding every block, whose tensors are
     most of the role's, still has one vote. Absent where fewer than PEERS_NEEDED clients hold
     the role."""
     pools: dict[str, dict[str, list[float]]] = {}
     for key, held in groups.items():
         for h in held:
-            pools.setdefault(role_of(key), {}).setdefault(h.client, []).append(norm(h.delta))
+            pools.setdefault(role_of(key), {}).setdefault(h.client, []).append(size(key, h))
     medians = {role: float(np.median([np.median(v) for v in by_client.values()]))
                for role, by_client in pools.items() if len(by_client) >= PEERS_NEEDED}
     return {key: medians[role_of(key)] for key, held in groups.items()
