@@ -390,6 +390,20 @@ def test_fltrust_trust_scores_and_rescaling_by_hand():
     np.testing.assert_allclose(new["a"], f32(103 / 33, 104 / 33), rtol=1e-6)
     np.testing.assert_allclose(new["b"], f32(2), rtol=1e-6)  # rescaled to ||2|| = 2, one holder
     assert new["c"] == f32(5)  # its only holder is untrusted: no step
+    # clip-median: 'a' updates (6, 8), (-3, -4), (4, -3) of norms 10, 5, 5: clipped to the
+    # median 5: (3, 4), (-3, -4), (4, -3); trust 1, 0, 4/29 as above: (103/33, 104/33) again;
+    # 'b': one holder and no role: its own norm, unclipped (2)
+    clipped = combine(state, updates, cfg(aggregator="fltrust", **{"fltrust-scale": "clip-median"}),
+                      reference=server)
+    np.testing.assert_allclose(clipped["a"], f32(103 / 33, 104 / 33), rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"], f32(2), rtol=1e-6)
+    # and where the server's norm and the median differ: the server's update / 10 (the same
+    # trust scores): FLTrust rescales to norm 0.5, a tenth of the above; clip-median does not
+    small = {name: value / 10 for name, value in server.items()}
+    assert combine(state, updates, cfg(aggregator="fltrust"), reference=small)["a"] == \
+        pytest.approx(np.array([103, 104]) / 330, rel=1e-6)
+    assert combine(state, updates, cfg(aggregator="fltrust", **{"fltrust-scale": "clip-median"}),
+                   reference=small)["a"] == pytest.approx(np.array([103, 104]) / 33, rel=1e-6)
 
 
 def test_centred_clipping_by_hand():

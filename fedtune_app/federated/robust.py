@@ -53,6 +53,9 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  is ReLU(cos(Delta_i, g)) over the tensors it held (g masked to its plan); each
                  holder's update of t is rescaled to ||g_t|| and the trust-weighted mean taken.
                  No trusted holder: t does not move. Example counts are not used.
+                 ``fltrust-scale = clip-median`` (ours, not the paper's): each update clipped
+                 to clipped-mean's bound instead of rescaled to ||g_t||, so that the step is
+                 the clients' size and not what the small root set moves
   centred-clip   centred clipping (Karimireddy, He and Jaggi, ICML 2021, Alg. 2):
                  v <- v + mean_i clip_tau(Delta_i - v), ``cc-iterations`` times, from v = the
                  previous round's aggregated update of t (server momentum: the history the rule
@@ -220,8 +223,9 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
     centres = {key: (memory or {}).get(key, np.zeros_like(held[0].delta))
                for key, held in groups.items()} if rule == "centred-clip" else {}
     radii: dict[str, float] = {}  # centred-clip, tau 0: the radius of a tensor with few holders
-    if rule == "clipped-mean":
+    if rule in ("clipped-mean", "fltrust"):
         clip_bounds = role_clip_bounds(groups, lambda key, h: norm(h.delta))
+    if rule == "clipped-mean":
         weight_cap = float(np.median([u.num_examples for u in updates]))
     elif rule == "centred-clip" and not robust.cc_tau:
         radii = role_clip_bounds(groups, lambda key, h: norm(h.delta - centres[key]))
@@ -234,15 +238,16 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         elif rule == "trimmed-mean":
             agg = trim_mean(values, robust.trim_beta)
         elif rule == "clipped-mean":
-            bound = (clip_bounds[key] if key in clip_bounds else
-                     float(np.median([norm(d) for d in deltas])))
+            bound = median_bound(key, deltas, clip_bounds)
             clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))
                        for h in held]
             weights = np.array([min(h.examples, weight_cap) for h in held], dtype=np.float64)
             agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
         elif rule == "fltrust":
-            agg = held[0].sent + fltrust_step(deltas, [trust[h.client] for h in held],
-                                              reference[names[key][0]])
+            agg = held[0].sent + fltrust_step(
+                deltas, [trust[h.client] for h in held], reference[names[key][0]],
+                None if robust.fltrust_scale == "server" else
+                median_bound(key, deltas, clip_bounds))
         elif rule == "centred-clip":
             step = centred_clip(deltas, centres[key], radii.get(key, robust.cc_tau),
                                 robust.cc_iterations)
@@ -260,6 +265,11 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
 
 # -- clipped-mean: FLAME's median-norm bound, with peers wherever a tensor has few holders ------
 PEERS_NEEDED = 3  # the median of 1 or 2 norms is no robust statistic: an attacker is half of it
+
+
+def median_bound(key: str, deltas: np.ndarray, role_bounds: dict[str, float]) -> float:
+    """The median norm of the tensor's holders' updates, or its role's (``role_clip_bounds``)."""
+    return role_bounds[key] if key in role_bounds else float(np.median([norm(d) for d in deltas]))
 
 
 def role_of(key: str) -> str:
@@ -314,15 +324,19 @@ def trust_scores(updates: list[ClientUpdate], state: dict[str, np.ndarray],
     return scores
 
 
-def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray) -> np.ndarray:
+def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray,
+                 clip_to: float | None = None) -> np.ndarray:
     """FLTrust's aggregate of one tensor: the holders' updates rescaled to the norm of the
-    server's update of that tensor, averaged with weights = their trust scores; nothing (a zero
-    step) when no holder is trusted."""
+    server's update of that tensor (or, ``clip_to`` given, clipped to that norm), averaged with
+    weights = their trust scores; nothing (a zero step) when no holder is trusted."""
     weights = np.asarray(trust, dtype=np.float64)
     if weights.sum() <= 0:
         return np.zeros_like(deltas[0])
-    target = norm(server)
-    rescaled = [d * (target / n if (n := norm(d)) > 0 else 0.0) for d in deltas]
+    if clip_to is None:
+        target = norm(server)
+        rescaled = [d * (target / n if (n := norm(d)) > 0 else 0.0) for d in deltas]
+    else:
+        rescaled = [d * min(1.0, clip_to / n) if (n := norm(d)) > 0 else d for d in deltas]
     return np.tensordot(weights, np.stack(rescaled), axes=1) / weights.sum()
 
 
