@@ -123,8 +123,9 @@ def test_centred_clip_radius_of_few_holders_is_the_roles_distance_to_its_centres
 
 def test_fltrust_clip_median_bounds_few_holders_by_role_and_keeps_zero_updates():
     # server update (1, 0) on blocks.0 and (4, 0) on blocks.1: clients 1-3 have trust 1
-    # (client 3's (0.2, 0, 0.8, 0) is 0.2 x the server's), client 4 (a zero update) trust 0. blocks.0: 4 holders, norms 0.3, 0.1, 0.2, 0: median 0.15 clips the
-    # first and third: (0.15 + 0.1 + 0.15) / 3; blocks.1: client 3 alone, its role's bound
+    # (client 3's (0.2, 0, 0.8, 0) is 0.2 x the server's), client 4 (a zero update) trust 0.
+    # blocks.0: 4 holders, norms 0.3, 0.1, 0.2, 0: median 0.15 clips the first and third:
+    # (0.15 + 0.1 + 0.15) / 3 (client 4 weighs 0); blocks.1: client 3 alone, its role's bound
     # median over clients (0.3, 0.1, median(0.2, 0.8) = 0.5, 0) = 0.2: (0.8, 0) -> (0.2, 0)
     state = {"blocks.0.w": f32(0, 0), "blocks.1.w": f32(0, 0)}
     server = {"blocks.0.w": np.array([1.0, 0.0]), "blocks.1.w": np.array([4.0, 0.0])}
