@@ -360,6 +360,10 @@ class RobustConfig(ConfigPart):
         " distance of the tensor's holders)")
     cc_iterations: int = config_key(1, minimum=1, help=
         "centred-clip: clipping iterations per round (the paper's l)")
+    fltrust_scale: str = config_key("server", choices=("server", "clip-median"), help=
+        "fltrust: each trusted update rescaled to the norm of the server's own update of the "
+        "tensor (FLTrust), or clip-median: clipped to the median norm of the tensor's holders (as"
+        " clipped-mean), so that the steps do not shrink to what the root set moves")
     trim_beta: float = config_key(0.2, minimum=0, maximum=0.49, help=
         "fraction cut from each tail by aggregator = trimmed-mean (Flower's FedTrimmedAvg default)")
     screen_updates: bool = config_key(True, help=

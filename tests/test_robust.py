@@ -64,9 +64,90 @@ def test_masked_clipped_mean_by_hand():
     updates = [ClientUpdate("1", {"a": f32(4, 5)}, 1), ClientUpdate("2", {"a": f32(1, 2)}, 1),
                ClientUpdate("3", {"a": f32(31, 41), "b": f32(-7)}, 2)]
     new = combine(state, updates, cfg(aggregator="clipped-mean"))
-    # example-weighted: (1 (3,4) + 1 (0,1) + 2 (3,4)) / 4 = (9/4, 13/4), plus the state
-    np.testing.assert_allclose(new["a"], f32(1 + 9 / 4, 1 + 13 / 4), rtol=1e-6)
-    np.testing.assert_array_equal(new["b"], f32(-7))  # one holder: the median is its own norm
+    # example counts 1, 1, 2 capped at their median 1: ((3,4) + (0,1) + (3,4)) / 3 = (2, 3)
+    np.testing.assert_allclose(new["a"], f32(1 + 2, 1 + 3), rtol=1e-6)
+    # one holder and no other block of its role: the median is its own norm
+    np.testing.assert_array_equal(new["b"], f32(-7))
+
+
+def test_clipped_mean_bounds_a_tensor_with_few_holders_by_its_role_in_other_blocks():
+    # block 0 held by 3 clients (update norms 1, 2, 4); blocks 1-3 by client 3 alone (norms
+    # 40, 50, 60): the median of one norm is its own, so they are clipped by their role: the
+    # median over clients 1, 2, 3 of each one's median norm on blocks.*.lora_B, (1, 2,
+    # median(4, 40, 50, 60) = 45) -> 2 (the tensors of client 3 are 4 of the role's 6 norms,
+    # but it has one vote)
+    state = {f"blocks.{b}.lora_B": f32(0, 0) for b in range(4)}
+    updates = [ClientUpdate("1", {"blocks.0.lora_B": f32(1, 0)}, 1),
+               ClientUpdate("2", {"blocks.0.lora_B": f32(2, 0)}, 1),
+               ClientUpdate("3", {"blocks.0.lora_B": f32(4, 0), "blocks.1.lora_B": f32(0, 40),
+                                  "blocks.2.lora_B": f32(0, 50), "blocks.3.lora_B": f32(0, 60)},
+                            1)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    for b in (1, 2, 3):
+        np.testing.assert_allclose(new[f"blocks.{b}.lora_B"], f32(0, 2), rtol=1e-6)
+    # block 0, 3 holders: its own median 2 clips (4, 0) to (2, 0): (1 + 2 + 2) / 3
+    np.testing.assert_allclose(new["blocks.0.lora_B"], f32(5 / 3, 0), rtol=1e-6)
+
+
+def test_a_tensor_with_three_holders_keeps_its_own_median():
+    # blocks.0: 3 holders, norms 1, 2, 3: its own median 2 clips (3, 0): (1 + 2 + 2) / 3; the
+    # role's median would be 3 (client 1: median(1, 10) = 5.5, clients 2 and 3: 2, 3), which
+    # clips blocks.1 (one holder, (10, 0)) to (3, 0)
+    state = {"blocks.0.w": f32(0, 0), "blocks.1.w": f32(0, 0)}
+    updates = [ClientUpdate("1", {"blocks.0.w": f32(1, 0), "blocks.1.w": f32(10, 0)}, 1),
+               ClientUpdate("2", {"blocks.0.w": f32(2, 0)}, 1),
+               ClientUpdate("3", {"blocks.0.w": f32(3, 0)}, 1)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    np.testing.assert_allclose(new["blocks.0.w"], f32(5 / 3, 0), rtol=1e-6)
+    np.testing.assert_allclose(new["blocks.1.w"], f32(3, 0), rtol=1e-6)
+
+
+def test_centred_clip_radius_of_few_holders_is_the_roles_distance_to_its_centres():
+    # centres: blocks.1 (1, 0) from the previous round; blocks.0 and blocks.2 none yet (0).
+    # Distances to the centres: client 1 blocks.0 1; client 2 blocks.0 100; client 3 blocks.1
+    # |(1, 4) - (1, 0)| = 4 and blocks.2 20, its median 12. The role's radius: median(1, 100,
+    # 12) = 12 for every block (each has fewer than 3 holders)
+    state = {f"blocks.{b}.w": f32(0, 0) for b in range(3)}
+    memory = {"blocks.1.w": np.array([1.0, 0.0])}
+    updates = [ClientUpdate("1", {"blocks.0.w": f32(1, 0)}, 1),
+               ClientUpdate("2", {"blocks.0.w": f32(100, 0)}, 1),
+               ClientUpdate("3", {"blocks.1.w": f32(1, 4), "blocks.2.w": f32(0, 20)}, 1)]
+    new = combine(state, updates, cfg(aggregator="centred-clip"), memory=memory)
+    # blocks.0: gaps (1, 0), (100, 0) -> (12, 0): mean (6.5, 0); blocks.1: gap (0, 4) within
+    # 12: v = (1, 4); blocks.2: gap (0, 20) -> (0, 12)
+    np.testing.assert_allclose(new["blocks.0.w"], f32(6.5, 0), rtol=1e-6)
+    np.testing.assert_allclose(new["blocks.1.w"], f32(1, 4), rtol=1e-6)
+    np.testing.assert_allclose(new["blocks.2.w"], f32(0, 12), rtol=1e-6)
+    np.testing.assert_allclose(memory["blocks.2.w"], [0, 12], rtol=1e-12)
+
+
+def test_fltrust_clip_median_bounds_few_holders_by_role_and_keeps_zero_updates():
+    # server update (1, 0) on blocks.0 and (4, 0) on blocks.1: clients 1-3 have trust 1
+    # (client 3's (0.2, 0, 0.8, 0) is 0.2 x the server's), client 4 (a zero update) trust 0.
+    # blocks.0: 4 holders, norms 0.3, 0.1, 0.2, 0: median 0.15 clips the first and third:
+    # (0.15 + 0.1 + 0.15) / 3 (client 4 weighs 0); blocks.1: client 3 alone, its role's bound
+    # median over clients (0.3, 0.1, median(0.2, 0.8) = 0.5, 0) = 0.2: (0.8, 0) -> (0.2, 0)
+    state = {"blocks.0.w": f32(0, 0), "blocks.1.w": f32(0, 0)}
+    server = {"blocks.0.w": np.array([1.0, 0.0]), "blocks.1.w": np.array([4.0, 0.0])}
+    updates = [ClientUpdate("1", {"blocks.0.w": f32(0.3, 0)}, 1),
+               ClientUpdate("2", {"blocks.0.w": f32(0.1, 0)}, 1),
+               ClientUpdate("3", {"blocks.0.w": f32(0.2, 0), "blocks.1.w": f32(0.8, 0)}, 1),
+               ClientUpdate("4", {"blocks.0.w": f32(0, 0)}, 1)]
+    new = combine(state, updates, cfg(aggregator="fltrust", **{"fltrust-scale": "clip-median"}),
+                  reference=server)
+    np.testing.assert_allclose(new["blocks.0.w"], f32(0.4 / 3, 0), rtol=1e-6)
+    np.testing.assert_allclose(new["blocks.1.w"], f32(0.2, 0), rtol=1e-6)
+
+
+def test_clipped_mean_caps_a_claimed_example_count_at_the_rounds_median():
+    # the liar (client 3) claims 100 examples against 10 and 20: capped at the median 20, its
+    # update (-1) weighs 20 against 10 + 20 honest (+1): (10 + 20 - 20) / 50 = 0.2, not the
+    # (30 - 100) / 130 = -0.54 that the claim alone would buy
+    state = {"a": f32(0)}
+    updates = [ClientUpdate("1", {"a": f32(1)}, 10), ClientUpdate("2", {"a": f32(1)}, 20),
+               ClientUpdate("3", {"a": f32(-1)}, 100)]
+    new = combine(state, updates, cfg(aggregator="clipped-mean"))
+    np.testing.assert_allclose(new["a"], f32(0.2), rtol=1e-6)
 
 
 def test_keyed_median_shares_one_value():
@@ -359,6 +440,20 @@ def test_fltrust_trust_scores_and_rescaling_by_hand():
     np.testing.assert_allclose(new["a"], f32(103 / 33, 104 / 33), rtol=1e-6)
     np.testing.assert_allclose(new["b"], f32(2), rtol=1e-6)  # rescaled to ||2|| = 2, one holder
     assert new["c"] == f32(5)  # its only holder is untrusted: no step
+    # clip-median: 'a' updates (6, 8), (-3, -4), (4, -3) of norms 10, 5, 5: clipped to the
+    # median 5: (3, 4), (-3, -4), (4, -3); trust 1, 0, 4/29 as above: (103/33, 104/33) again;
+    # 'b': one holder and no role: its own norm, unclipped (2)
+    clipped = combine(state, updates, cfg(aggregator="fltrust", **{"fltrust-scale": "clip-median"}),
+                      reference=server)
+    np.testing.assert_allclose(clipped["a"], f32(103 / 33, 104 / 33), rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"], f32(2), rtol=1e-6)
+    # and where the server's norm and the median differ: the server's update / 10 (the same
+    # trust scores): FLTrust rescales to norm 0.5, a tenth of the above; clip-median does not
+    small = {name: value / 10 for name, value in server.items()}
+    assert combine(state, updates, cfg(aggregator="fltrust"), reference=small)["a"] == \
+        pytest.approx(np.array([103, 104]) / 330, rel=1e-6)
+    assert combine(state, updates, cfg(aggregator="fltrust", **{"fltrust-scale": "clip-median"}),
+                   reference=small)["a"] == pytest.approx(np.array([103, 104]) / 33, rel=1e-6)
 
 
 def test_centred_clipping_by_hand():
@@ -515,7 +610,8 @@ COVERED = TWO_ROUNDS | {"capacities": "4,3,3,2,2", "min-holders": 3}
 
 
 @pytest.mark.parametrize("defence", [
-    {"aggregator": "fltrust"}, COVERED | {"aggregator": "centred-clip"},
+    {"aggregator": "fltrust"}, TWO_ROUNDS | {"aggregator": "clipped-mean"},
+    TWO_ROUNDS | {"aggregator": "centred-clip"}, COVERED | {"aggregator": "centred-clip"},
     COVERED | {"aggregator": "multi-krum"}, COVERED | {"aggregator": "median"},
     COVERED | {"aggregator": "bulyan", "capacities": "4,3,3,2,2,2,2"}])
 def test_an_in_bound_sign_flip_is_neutralised(defence, tmp_path):

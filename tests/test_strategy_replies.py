@@ -662,9 +662,14 @@ def test_centred_clipping_keeps_each_tensors_step_for_the_next_round():
     strategy, tasks = start(**{"aggregator": "centred-clip"})
     strategy.aggregate_train(1, sound_replies(tasks))
     assert sorted(strategy.centres) == sorted(STATE)
-    # block 2, one holder: clipped to its own norm from centre 0, the step is its update
-    np.testing.assert_array_equal(strategy.centres[B2], [-1, 2])
-    np.testing.assert_array_equal(strategy.state[B2], f32(2, 5))
+    # blocks 1 (2 holders) and 2 (one) take the radius of their role blocks.*.w: each
+    # client's median distance to centre 0 over its blocks, partition 0: (0.5, 2, sqrt 5) -> 2,
+    # 1: (sqrt 1.25, sqrt 2.5) -> 1.349, 2: sqrt 13.25 = 3.64; their median 2. Block 2's
+    # update (-1, 2), of norm sqrt 5, is clipped to norm 2
+    np.testing.assert_allclose(strategy.centres[B2], np.array([-1, 2]) * 2 / np.sqrt(5),
+                               rtol=1e-12)
+    # block 1: (2, 0) and (-1.5, 0.5) are within 2: their mean
+    np.testing.assert_allclose(strategy.centres[B1], [0.25, 0.25], rtol=1e-12)
 
 
 def test_tensors_that_share_a_key_get_one_value():
@@ -734,10 +739,14 @@ def test_the_server_state_a_checkpoint_keeps(logged):
     extra = strategy.extra_state()
     assert sorted(extra) == sorted([f"feddyn-h/{n}" for n in STATE] +
                                    [f"cc-centre/{n}" for n in STATE])
-    # h of block 2 (one holder of 3): -0.1 x 1/3 x the step (-1, 2), a product of the float32
-    # step (half a float32 ulp); its centre: the step
-    np.testing.assert_allclose(extra[f"feddyn-h/{B2}"], [0.1 / 3, -0.2 / 3], rtol=2.0 ** -24)
-    np.testing.assert_array_equal(extra[f"cc-centre/{B2}"], [-1, 2])
+    # block 2 (one holder of 3): its centre is the step, (-1, 2) clipped to its role's radius
+    # 2 (test_centred_clipping_keeps_each_tensors_step_for_the_next_round); h: -0.1 x 1/3 x
+    # the step the float32 state took (3 + the step rounded to float32, values in [2, 8):
+    # half an ulp, 2^-22, each; and h's own float32 rounding, far smaller): 0.1 / 3 x 2^-21
+    step = np.array([-1, 2]) * 2 / np.sqrt(5)
+    np.testing.assert_allclose(extra[f"cc-centre/{B2}"], step, rtol=1e-12)
+    np.testing.assert_allclose(extra[f"feddyn-h/{B2}"], -0.1 / 3 * step, rtol=0,
+                               atol=0.1 / 3 * 2.0 ** -21)
     fresh, _ = start(**{"local-objective": "feddyn", "aggregator": "centred-clip"})
     fresh.load_extra_state(extra | {"dp-noise-seed": np.array([1, 2, 3, 4], np.uint32)})
     assert sorted(fresh.h) == sorted(fresh.centres) == sorted(STATE)

@@ -42,18 +42,27 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
                  unweighted, with Flower's own ``trim_mean`` (FedTrimmedAvg; Yin et al. 2018);
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
-                 adaptive bound), then the example-weighted mean
+                 adaptive bound; with fewer than 3 holders, the median over the clients of
+                 each one's median norm on the same tensor of every block, ``role_of``), then
+                 the example-weighted mean with each example count capped at the median count
+                 of the round's replies (a count is the client's own claim: an inflated one
+                 weighs no more than a typical one)
   fltrust        FLTrust (Cao et al., NDSS 2021): the server trains the global model (every
                  block) for one local round on its root set, the proxy split held out of every
                  client's data (``proxy-fraction``), giving its update g; client i's trust score
                  is ReLU(cos(Delta_i, g)) over the tensors it held (g masked to its plan); each
                  holder's update of t is rescaled to ||g_t|| and the trust-weighted mean taken.
                  No trusted holder: t does not move. Example counts are not used.
+                 ``fltrust-scale = clip-median`` (ours, not the paper's): each update clipped
+                 to clipped-mean's bound instead of rescaled to ||g_t||, so that the step is
+                 the clients' size and not what the small root set moves
   centred-clip   centred clipping (Karimireddy, He and Jaggi, ICML 2021, Alg. 2):
                  v <- v + mean_i clip_tau(Delta_i - v), ``cc-iterations`` times, from v = the
                  previous round's aggregated update of t (server momentum: the history the rule
                  is centred on; kept in the checkpoint); tau = ``cc-tau`` or, 0, the holders'
-                 median distance to v. Unweighted. The paper's worker momentum is not here:
+                 median distance to v (with fewer than 3 holders, the median over the clients
+                 of each one's median distance on the same tensor of every block, as
+                 clipped-mean's bound). Unweighted. The paper's worker momentum is not here:
                  clients are sampled and keep no state; a local round of several steps plays
                  its part of averaging out the noise.
   multi-krum     (Blanchard et al., NeurIPS 2017) the mean of the n - f updates of lowest Krum
@@ -91,6 +100,7 @@ screening accepted, is not taken: the round keeps the previous state and says wh
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -210,6 +220,15 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
             groups.setdefault(keys[name], []).append(
                 Held(u.client, value.astype(np.float64) - state[name], state[name],
                      u.num_examples))
+    centres = {key: (memory or {}).get(key, np.zeros_like(held[0].delta))
+               for key, held in groups.items()} if rule == "centred-clip" else {}
+    radii: dict[str, float] = {}  # centred-clip, tau 0: the radius of a tensor with few holders
+    if rule in ("clipped-mean", "fltrust"):
+        clip_bounds = role_clip_bounds(groups, lambda key, h: norm(h.delta))
+    if rule == "clipped-mean":
+        weight_cap = float(np.median([u.num_examples for u in updates]))
+    elif rule == "centred-clip" and not robust.cc_tau:
+        radii = role_clip_bounds(groups, lambda key, h: norm(h.delta - centres[key]))
     new_state = dict(state)
     for key, held in groups.items():
         values = np.stack([h.sent + h.delta for h in held])
@@ -219,18 +238,19 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         elif rule == "trimmed-mean":
             agg = trim_mean(values, robust.trim_beta)
         elif rule == "clipped-mean":
-            bound = float(np.median([norm(d) for d in deltas]))
+            bound = median_bound(key, deltas, clip_bounds)
             clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))
                        for h in held]
-            weights = np.array([h.examples for h in held], dtype=np.float64)
+            weights = np.array([min(h.examples, weight_cap) for h in held], dtype=np.float64)
             agg = np.tensordot(weights, np.stack(clipped), axes=1) / weights.sum()
         elif rule == "fltrust":
-            agg = held[0].sent + fltrust_step(deltas, [trust[h.client] for h in held],
-                                              reference[names[key][0]])
+            agg = held[0].sent + fltrust_step(
+                deltas, [trust[h.client] for h in held], reference[names[key][0]],
+                None if robust.fltrust_scale == "server" else
+                median_bound(key, deltas, clip_bounds))
         elif rule == "centred-clip":
-            centre = memory.get(key, np.zeros_like(deltas[0])) if memory is not None \
-                else np.zeros_like(deltas[0])
-            step = centred_clip(deltas, centre, robust.cc_tau, robust.cc_iterations)
+            step = centred_clip(deltas, centres[key], radii.get(key, robust.cc_tau),
+                                robust.cc_iterations)
             if memory is not None:
                 memory[key] = step
             agg = held[0].sent + step
@@ -241,6 +261,39 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         for name in names[key]:
             new_state[name] = agg.astype(state[name].dtype)
     return new_state
+
+
+# -- clipped-mean: FLAME's median-norm bound, with peers wherever a tensor has few holders ------
+PEERS_NEEDED = 3  # the median of 1 or 2 norms is no robust statistic: an attacker is half of it
+
+
+def median_bound(key: str, deltas: np.ndarray, role_bounds: dict[str, float]) -> float:
+    """The median norm of the tensor's holders' updates, or its role's (``role_clip_bounds``)."""
+    return role_bounds[key] if key in role_bounds else float(np.median([norm(d) for d in deltas]))
+
+
+def role_of(key: str) -> str:
+    """The tensor's role, the same in every block: blocks.3.attn.lora_B -> blocks.*.attn.lora_B."""
+    return re.sub(r"\bblocks\.\d+\.", "blocks.*.", key)
+
+
+def role_clip_bounds(groups: dict[str, list[Held]], size) -> dict[str, float]:
+    """key -> the clipping bound of a tensor with fewer than PEERS_NEEDED holders: the median,
+    over the clients holding any tensor of its role this round (the same tensor of the other
+    blocks, which more clients hold: FedRA's deep blocks often have one or two holders, and the
+    median of their sizes would be the attacker's own), of each client's median ``size(key,
+    held)`` on that role (clipped-mean: the update's norm; centred-clip: its distance to the
+    centre). One value per client, so that a client holding every block, whose tensors are
+    most of the role's, still has one vote. Absent where fewer than PEERS_NEEDED clients hold
+    the role."""
+    pools: dict[str, dict[str, list[float]]] = {}
+    for key, held in groups.items():
+        for h in held:
+            pools.setdefault(role_of(key), {}).setdefault(h.client, []).append(size(key, h))
+    medians = {role: float(np.median([np.median(v) for v in by_client.values()]))
+               for role, by_client in pools.items() if len(by_client) >= PEERS_NEEDED}
+    return {key: medians[role_of(key)] for key, held in groups.items()
+            if len(held) < PEERS_NEEDED and role_of(key) in medians}
 
 
 @dataclass
@@ -271,15 +324,19 @@ def trust_scores(updates: list[ClientUpdate], state: dict[str, np.ndarray],
     return scores
 
 
-def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray) -> np.ndarray:
+def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray,
+                 clip_to: float | None = None) -> np.ndarray:
     """FLTrust's aggregate of one tensor: the holders' updates rescaled to the norm of the
-    server's update of that tensor, averaged with weights = their trust scores; nothing (a zero
-    step) when no holder is trusted."""
+    server's update of that tensor (or, ``clip_to`` given, clipped to that norm), averaged with
+    weights = their trust scores; nothing (a zero step) when no holder is trusted."""
     weights = np.asarray(trust, dtype=np.float64)
     if weights.sum() <= 0:
         return np.zeros_like(deltas[0])
-    target = norm(server)
-    rescaled = [d * (target / n if (n := norm(d)) > 0 else 0.0) for d in deltas]
+    if clip_to is None:
+        target = norm(server)
+        rescaled = [d * (target / n if (n := norm(d)) > 0 else 0.0) for d in deltas]
+    else:
+        rescaled = [d * min(1.0, clip_to / n) if (n := norm(d)) > 0 else d for d in deltas]
     return np.tensordot(weights, np.stack(rescaled), axes=1) / weights.sum()
 
 

@@ -68,6 +68,8 @@ DEFENCES = {  # name -> (column title, run-config keys)
                                                   "trim-beta": 0.34}),
     "clipped-mean": ("screening + clipped-mean", {"aggregator": "clipped-mean"}),
     "fltrust": ("screening + fltrust", {"aggregator": "fltrust"}),
+    "fltrust-clip": ("screening + fltrust, clipped to the holders' median",
+                     {"aggregator": "fltrust", "fltrust-scale": "clip-median"}),
     "centred-clip": ("screening + centred-clip", {"aggregator": "centred-clip"}),
     "multi-krum": ("screening + multi-krum", {"aggregator": "multi-krum"}),
     "centred-clip-k3": ("screening + centred-clip, 3 holders", {"aggregator": "centred-clip",
