@@ -263,7 +263,7 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
     return new_state
 
 
-# -- clipped-mean: FLAME's median-norm bound, with peers wherever a tensor has few holders ------
+# -- clipping bounds (clipped-mean, centred-clip, fltrust clip-median): a role's peers ----------
 PEERS_NEEDED = 3  # the median of 1 or 2 norms is no robust statistic: an attacker is half of it
 
 
@@ -327,8 +327,9 @@ def trust_scores(updates: list[ClientUpdate], state: dict[str, np.ndarray],
 def fltrust_step(deltas: np.ndarray, trust: list[float], server: np.ndarray,
                  clip_to: float | None = None) -> np.ndarray:
     """FLTrust's aggregate of one tensor: the holders' updates rescaled to the norm of the
-    server's update of that tensor (or, ``clip_to`` given, clipped to that norm), averaged with
-    weights = their trust scores; nothing (a zero step) when no holder is trusted."""
+    server's update of that tensor (or, ``clip_to`` given, clipped to norm ``clip_to``),
+    averaged with weights = their trust scores; nothing (a zero step) when no holder is
+    trusted."""
     weights = np.asarray(trust, dtype=np.float64)
     if weights.sum() <= 0:
         return np.zeros_like(deltas[0])
