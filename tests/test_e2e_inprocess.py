@@ -23,7 +23,8 @@ SMOKE_CAPACITIES = [4, 2, 1]
 def run(tmp_path, **keys):
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path), **keys}
     cfg = resolve_config(rc)
-    grid = InProcessGrid(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc)
+    grid = InProcessGrid(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc,
+                         keep_sent=True)
     return Path(run_federation(grid, cfg)), grid, cfg
 
 
@@ -105,7 +106,8 @@ def test_a_client_that_fails_is_rejected_and_the_round_goes_on(tmp_path):
         arrays[name] = Array(np.full(arrays[name].shape, np.nan, dtype=np.float32))
         return reply
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path)}
-    grid = InProcessGrid(client_app, simulation_nodes(3), rc, faults={1: corrupt})
+    grid = InProcessGrid(client_app, simulation_nodes(3), rc, faults={1: corrupt},
+                         keep_sent=True)
     folder = Path(run_federation(grid, resolve_config(rc)))
     metrics = json.loads((folder / "metrics.json").read_text())
     assert all("NaN or Inf" in m["rejected"]["1"] for m in metrics)
@@ -124,3 +126,23 @@ def test_text_model_end_to_end_minilm_on_bbc_news(tmp_path):
     names = set(TrainTask.from_message(next(m for m in grid.sent
                                             if m.metadata.message_type == "train")).arrays)
     assert any(n.endswith("output.dense.lora_A.weight") for n in names)
+
+
+def test_the_grid_keeps_no_sent_message_unless_asked():
+    # each train message holds the arrays sent to one client: kept for every round, a
+    # whole-model run grew by a model per client and round (MiniLM: ~530 MB a round)
+    from flwr.app import ArrayRecord, MessageType, RecordDict
+
+    def message(grid):
+        [nid] = grid.get_node_ids()
+        grid.go_offline(nid)  # the SuperLink answers for an offline node: no client runs
+        return grid.create_message(RecordDict({"arrays": ArrayRecord()}), MessageType.TRAIN,
+                                   nid, "1")
+
+    plain = InProcessGrid(None, simulation_nodes(1), {})
+    assert len(plain.pull_messages(plain.push_messages([message(plain)]))) == 1
+    assert plain.sent == []
+    kept = InProcessGrid(None, simulation_nodes(1), {}, keep_sent=True)
+    sent = message(kept)
+    kept.push_messages([sent])
+    assert kept.sent == [sent]

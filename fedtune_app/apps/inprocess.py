@@ -34,7 +34,7 @@ class InProcessGrid(Grid):
     synchronous = True  # every reply exists once ``push_messages`` returns: no waiting loop
 
     def __init__(self, client_app, node_configs: list[dict], run_config: dict,
-                 faults: dict[int, Fault] | None = None):
+                 faults: dict[int, Fault] | None = None, keep_sent: bool = False):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
         self.client_app, self.run_config = client_app, dict(run_config)
         self.node_ids: list[int] = []  # every node ever connected; faults index this list
@@ -44,6 +44,9 @@ class InProcessGrid(Grid):
         for nc in node_configs:
             self.add_node(nc)
         self.faults = faults or {}
+        # every message sent, for tests that read them; off by default: each holds the arrays
+        # sent to one client, so a whole-model run would keep a model per client and round
+        self.keep_sent = keep_sent
         self.sent: list[Message] = []
         self._replies: dict[str, list[Message]] = {}
         self._ids = itertools.count(1)
@@ -89,7 +92,8 @@ class InProcessGrid(Grid):
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
-            self.sent.append(msg)
+            if self.keep_sent:
+                self.sent.append(msg)
             if msg.metadata.dst_node_id not in self.online:  # the SuperLink answers for it
                 reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
                                       reason="Error: Node Unavailable"), reply_to=msg)
