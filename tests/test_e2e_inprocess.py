@@ -128,7 +128,7 @@ def test_text_model_end_to_end_minilm_on_bbc_news(tmp_path):
     assert any(n.endswith("output.dense.lora_A.weight") for n in names)
 
 
-def test_the_grid_keeps_no_sent_message_unless_asked():
+def test_the_grid_keeps_no_sent_message_when_told_not_to():
     # each train message holds the arrays sent to one client: kept for every round, a
     # whole-model run grew by a model per client and round (MiniLM: ~530 MB a round)
     from flwr.app import ArrayRecord, MessageType, RecordDict
@@ -139,7 +139,7 @@ def test_the_grid_keeps_no_sent_message_unless_asked():
         return grid.create_message(RecordDict({"arrays": ArrayRecord()}), MessageType.TRAIN,
                                    nid, "1")
 
-    plain = InProcessGrid(None, simulation_nodes(1), {})
+    plain = InProcessGrid(None, simulation_nodes(1), {}, keep_sent=False)
     assert len(plain.pull_messages(plain.push_messages([message(plain)]))) == 1
     assert plain.sent == []
     kept = InProcessGrid(None, simulation_nodes(1), {}, keep_sent=True)

@@ -34,7 +34,7 @@ class InProcessGrid(Grid):
     synchronous = True  # every reply exists once ``push_messages`` returns: no waiting loop
 
     def __init__(self, client_app, node_configs: list[dict], run_config: dict,
-                 faults: dict[int, Fault] | None = None, keep_sent: bool = False):
+                 faults: dict[int, Fault] | None = None, keep_sent: bool = True):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
         self.client_app, self.run_config = client_app, dict(run_config)
         self.node_ids: list[int] = []  # every node ever connected; faults index this list
@@ -44,8 +44,8 @@ class InProcessGrid(Grid):
         for nc in node_configs:
             self.add_node(nc)
         self.faults = faults or {}
-        # every message sent, for tests that read them; off by default: each holds the arrays
-        # sent to one client, so a whole-model run would keep a model per client and round
+        # every message sent, which tests read; ``run_inprocess`` keeps none: each holds the
+        # arrays sent to one client, so a whole-model run would keep a model per client and round
         self.keep_sent = keep_sent
         self.sent: list[Message] = []
         self._replies: dict[str, list[Message]] = {}
@@ -140,7 +140,7 @@ def run_inprocess(run_config: dict, client_app=None) -> str:
         from fedtune_app.apps.client_app import app as client_app
     cfg = resolve_config(run_config)
     nodes = simulation_nodes(num_clients(cfg))
-    return run_federation(InProcessGrid(client_app, nodes, run_config), cfg)
+    return run_federation(InProcessGrid(client_app, nodes, run_config, keep_sent=False), cfg)
 
 
 @contextlib.contextmanager
