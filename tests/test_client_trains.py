@@ -118,7 +118,7 @@ def test_full_fine_tuning_in_process_federation(tmp_path):
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path),
           "method": "all-large", "client-trains": "full"}
     cfg = resolve_config(rc)
-    grid = InProcessGrid(client_app, simulation_nodes(3), rc, keep_sent=True)
+    grid = InProcessGrid(client_app, simulation_nodes(3), rc)
     folder = Path(run_federation(grid, cfg))
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2] and all(m["rejected"] == {} for m in metrics)

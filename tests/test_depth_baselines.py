@@ -244,7 +244,7 @@ def test_two_rounds_end_to_end(method, tmp_path):
     from fedtune_app.apps.server import run_federation
 
     rc = {"preset": "smoke", "results-dir": str(tmp_path), "method": method}
-    grid = InProcessGrid(client_app, simulation_nodes(3), rc, keep_sent=True)
+    grid = InProcessGrid(client_app, simulation_nodes(3), rc)
     cfg = resolve_config(rc)
     folder = Path(run_federation(grid, cfg))
     metrics = json.loads((folder / "metrics.json").read_text())

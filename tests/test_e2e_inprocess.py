@@ -23,8 +23,7 @@ SMOKE_CAPACITIES = [4, 2, 1]
 def run(tmp_path, **keys):
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path), **keys}
     cfg = resolve_config(rc)
-    grid = InProcessGrid(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc,
-                         keep_sent=True)
+    grid = InProcessGrid(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc)
     return Path(run_federation(grid, cfg)), grid, cfg
 
 
@@ -106,8 +105,7 @@ def test_a_client_that_fails_is_rejected_and_the_round_goes_on(tmp_path):
         arrays[name] = Array(np.full(arrays[name].shape, np.nan, dtype=np.float32))
         return reply
     rc = {**app_defaults(), "preset": "smoke", "results-dir": str(tmp_path)}
-    grid = InProcessGrid(client_app, simulation_nodes(3), rc, faults={1: corrupt},
-                         keep_sent=True)
+    grid = InProcessGrid(client_app, simulation_nodes(3), rc, faults={1: corrupt})
     folder = Path(run_federation(grid, resolve_config(rc)))
     metrics = json.loads((folder / "metrics.json").read_text())
     assert all("NaN or Inf" in m["rejected"]["1"] for m in metrics)
