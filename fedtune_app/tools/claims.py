@@ -86,7 +86,9 @@ class RunSpec:
 def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
     """The run config of one arm of one setting on one seed (a preset is expanded, so every
     given key counts). AllLarge and AllSmall ignore the capacity list but for its length and
-    its minimum: they get it canonical, so every setting with the same data shares their runs."""
+    its minimum: they get it canonical, so every setting with the same data shares their runs.
+    With model groups they put every client in one group, so how the others would be split
+    (``model-group-ratio``) is dropped: settings that differ only in it share their runs."""
     setting, arm = SETTINGS[setting_id], ARMS[arm_label]
     if tier not in setting.tiers:
         raise ValueError(f"setting {setting_id!r} has no {tier!r} tier (has: "
@@ -101,6 +103,8 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
         caps = parse_int_list("capacities", str(keys.get("capacities", KEYS["capacities"].default)))
         depth = DEPTH[tier] if arm.method == "all-large" else min(caps)
         keys["capacities"] = f"{depth}*{len(caps)}"
+    if keys.get("model-groups") and arm.method in ("all-large", "all-small"):
+        keys.pop("model-group-ratio", None)
     return keys
 
 
@@ -146,9 +150,16 @@ def match_claims(patterns: list[str], tier: str) -> list[Claim]:
 
 
 def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
-              store: Path = STORE, extra: dict | None = None) -> list[RunSpec]:
+              store: Path = STORE, extra: dict | None = None,
+              arms: list[str] | None = None) -> list[RunSpec]:
     """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
-    a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed."""
+    a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed.
+    ``arms``: only these arm labels (e.g. the gate's arms of every seed first, or one share of
+    the campaign per process or machine)."""
+    unknown = sorted(set(arms or ()) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"claims: no arm {', '.join(map(repr, unknown))} (arms: "
+                         f"{', '.join(ARMS)})")
     runs: dict[str, RunSpec] = {}
     claims = match_claims(list(patterns), tier)
     for priority in sorted({c.priority for c in claims}):
@@ -157,7 +168,7 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
         need = {p: max((seeds or c.seeds) for c in block if p in claim_arms(c)) for p in pairs}
         for seed in range(max(need.values())):
             for setting, arm in pairs:
-                if seed < need[setting, arm]:
+                if seed < need[setting, arm] and (not arms or arm in arms):
                     keys = run_config(tier, setting, arm, seed) | (extra or {})
                     spec = RunSpec(tier, setting, arm, seed, keys)
                     runs.setdefault(spec.hash, spec)
@@ -210,13 +221,13 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE) -> dict
 
 def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
                store: Path = STORE, results: Path = RESULTS, log=print,
-               extra: dict | None = None) -> list[dict]:
+               extra: dict | None = None, arms: list[str] | None = None) -> list[dict]:
     """Run whatever the claims still need (finished runs are found by hash and skipped), one
     progress bar with an ETA over every round of the runs left; the records of all runs.
     ``extra``: keys for every run, e.g. {"data-dir": ...} (where the paper tier's data is)."""
     from fedtune_app.apps.inprocess import progress
 
-    specs = plan_runs(patterns, tier, seeds, store, extra)
+    specs = plan_runs(patterns, tier, seeds, store, extra, arms)
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} runs, {len(specs) - len(todo)} already done, {len(todo)} to run")
@@ -561,6 +572,9 @@ def main(argv=None) -> int:
     run.add_argument("--set", default="", metavar="'KEY=VALUE ...'",
                      help="run-config keys for every run, e.g. 'data-dir=\"/data/nico\"' (the "
                      "paper tier's data) or 'device=\"cuda\"'")
+    run.add_argument("--arms", default="", metavar="LABEL,...",
+                     help="only these arms, e.g. 'all-large,all-small' (the gate's) to decide "
+                     "a setting's gate first, or a disjoint share per process")
     run.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
     run.add_argument("--no-report", action="store_true", help="do not regenerate the report")
     rep = sub.add_parser("report", help="write docs/claims.md from the stored runs")
@@ -580,14 +594,15 @@ def main(argv=None) -> int:
     from fedtune_app.config import setup_logging
 
     extra = parse_config_args([args.set]) if args.set else {}
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.dry_run:
-        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra):
+        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms):
             state = "done" if find_cached(spec) else "todo"
             print(f"{state} {spec.name}")
         return 0
     setup_logging()
     run_claims(args.ids, args.tier, args.seeds,
-               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra)
+               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra, arms=arms)
     if not args.no_report:
         print(write_report())
     return 0
