@@ -159,6 +159,29 @@ def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
     assert other_seed != fedra  # the comparison can fail: another seed draws otherwise
 
 
+def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
+    """AllLarge / AllSmall put every client in one model group, so the two HeteroTune settings
+    (groups 1:1 and 3:1) share their gate runs; HeteroTune itself splits the clients by the
+    ratio, so its runs differ, and every share of the campaign picked by ``arms`` is a subset."""
+    t1, t5 = "heterotune-groups", "heterotune-groups-small-heavy"
+    for arm in ("all-large", "all-small"):
+        assert cl.config_hash(cl.run_config("cpu", t1, arm, 0)) == \
+            cl.config_hash(cl.run_config("cpu", t5, arm, 0))
+    assert cl.config_hash(cl.run_config("cpu", t1, "heterotune", 0)) != \
+        cl.config_hash(cl.run_config("cpu", t5, "heterotune", 0))
+    ids = ["heterotune-t1-vs-homo", "heterotune-t5-small-heavy-vs-homo"]
+    every = cl.plan_runs(ids, "cpu")
+    # 3 seeds x (2 shared gate arms + HeteroTune and Homo in each of the 2 settings)
+    assert len(every) == 3 * (2 + 2 * 2)
+    gate = cl.plan_runs(ids, "cpu", arms=["all-large", "all-small"])
+    assert [(s.arm, s.seed) for s in gate] == [(a, s) for s in range(3)
+                                               for a in ("all-large", "all-small")]
+    rest = cl.plan_runs(ids, "cpu", arms=["heterotune", "homo"])
+    assert {s.hash for s in gate} | {s.hash for s in rest} == {s.hash for s in every}
+    with pytest.raises(SystemExit, match="no arm 'homo2'"):
+        cl.plan_runs(ids, "cpu", arms=["homo2"])
+
+
 def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     store, results = tmp_path / "store", tmp_path / "results"
     executed = []
