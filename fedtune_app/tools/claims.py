@@ -38,6 +38,7 @@ from fedtune_app.tools.claims_registry import (
     ARMS,
     CLAIMS,
     CPU_BASE,
+    CPU_GROUPS,
     METRIC_NOTE,
     SETTINGS,
     Claim,
@@ -405,7 +406,14 @@ TIER_TEXT = {
            "rate, never tuned, with more rounds than the main job's short 0.05 run "
            f"({CPU_BASE['num-server-rounds']} rounds, evaluated every "
            f"{CPU_BASE['eval-every']}). Capacity shapes of each table scaled from 12 to 6 "
-           "blocks (each setting says how).",
+           "blocks (each setting says how). The model-group (HeteroTune) settings: "
+           f"{CPU_GROUPS['model-groups'].replace(';', ' + ')} on the same articles, "
+           f"Dirichlet({CPU_GROUPS['dirichlet-alpha']}) label skew (at least "
+           f"{CPU_GROUPS['min-partition-size']} articles a client), "
+           f"{CPU_GROUPS['local-epochs']} local epochs, {CPU_GROUPS['num-server-rounds']} rounds "
+           f"evaluated every {CPU_GROUPS['eval-every']}, the same rate; Homo, AllLarge, "
+           "AllSmall, FedDF and FlexiFed fine-tune whole models, HeteroTune, pFedLoRA and FedMD "
+           "adapters and heads (HeteroTune Table 2's reading).",
     "gpu": "The papers' depth on real weights: the `mpnet-*` presets (all-mpnet-base-v2, 12 "
            "blocks x 768, BBC News, 256 tokens, 100 rounds, batch 128, lr 0.01) and the "
            "HeteroTune decoder presets (`heterotune-t3-glue-*`: LLaMA-3.2-1B + 3B, bf16, GLUE "
