@@ -87,9 +87,7 @@ class RunSpec:
 def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
     """The run config of one arm of one setting on one seed (a preset is expanded, so every
     given key counts). AllLarge and AllSmall ignore the capacity list but for its length and
-    its minimum: they get it canonical, so every setting with the same data shares their runs.
-    With model groups they put every client in one group, so how the others would be split
-    (``model-group-ratio``) is dropped: settings that differ only in it share their runs."""
+    its minimum: they get it canonical, so every setting with the same data shares their runs."""
     setting, arm = SETTINGS[setting_id], ARMS[arm_label]
     if tier not in setting.tiers:
         raise ValueError(f"setting {setting_id!r} has no {tier!r} tier (has: "
@@ -104,8 +102,6 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
         caps = parse_int_list("capacities", str(keys.get("capacities", KEYS["capacities"].default)))
         depth = DEPTH[tier] if arm.method == "all-large" else min(caps)
         keys["capacities"] = f"{depth}*{len(caps)}"
-    if keys.get("model-groups") and arm.method in ("all-large", "all-small"):
-        keys.pop("model-group-ratio", None)
     return keys
 
 
@@ -115,8 +111,11 @@ def run_key(keys: dict) -> dict:
     from fedtune_app.methods import resolve_config
 
     cfg = resolve_config(keys)
+    # a method that puts every client in one model group (AllSmall, AllLarge) computes nothing
+    # from the ratio of the groups: settings that differ only in it share its runs
+    unused = {"model-group-ratio"} if cfg.fixed_group is not None else set()
     return {k: v for k, v in sorted(cfg.flat.items())
-            if k not in BOOKKEEPING and not (k in KEYS and v == KEYS[k].default)}
+            if k not in BOOKKEEPING | unused and not (k in KEYS and v == KEYS[k].default)}
 
 
 def config_hash(keys: dict) -> str:
