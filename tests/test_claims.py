@@ -114,6 +114,23 @@ def test_claim_verdict_is_too_short_when_its_setting_fails_the_gate(monkeypatch)
     assert row["verdict"].verdict == cs.REPRODUCED
 
 
+def test_setting_table_row_shows_each_model_group_of_a_two_group_method():
+    def rec(small, large, seconds):
+        point = {"round": 20, "accuracy": (small + large) / 2, "accuracy-smallest": small,
+                 "accuracy-largest": large}
+        return {"final": point["accuracy"], "curve": [point], "seconds": seconds,
+                "rejected-replies": 0}
+
+    # seeds: groups 0.6 / 0.2 and 0.7 / 0.3 -> headline 40 and 50; t(0.975, 1) = 12.706, the
+    # half-width 12.706 * s / sqrt(2) with s = 10 / sqrt(2) for each column: 63.53
+    row = cl.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
+    assert row == ("| homo | 2 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, largest "
+                   "25.00 ± 63.53) | 45.00 | +0.00 | 0 | 200 |")
+    # one model on every client (AllLarge): both groups' figures are its own, nothing to add
+    assert cl.arm_row("all-large", [rec(0.9, 0.9, 10)]) == (
+        "| all-large | 1 | 90.00 (n=1) | 90.00 | +0.00 | 0 | 10 |")
+
+
 # ---------------------------------------------------------------- runs on the smoke preset
 
 SMOKE = {"preset": "smoke", "num-server-rounds": 2, "screen-updates": False,

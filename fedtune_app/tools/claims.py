@@ -423,6 +423,32 @@ TIER_TEXT = {
 }
 
 
+def arm_row(arm: str, rs: list[dict]) -> str:
+    """One arm's row of a setting's table: final accuracy over its seeds, with DepthFL's ensemble
+    or, for a method that trains both model groups, each group's own model beside it (their
+    mean, the headline, can hide one group that learnt nothing)."""
+    finals = cs.t_interval([100 * r["final"] for r in rs])
+    best = max(sum(100 * r["curve"][i]["accuracy"] for r in rs) / len(rs)
+               for i in range(min(len(r["curve"]) for r in rs)))
+    secs = sum(r["seconds"] for r in rs) / len(rs)
+    last = [r["curve"][-1] for r in rs]
+
+    def final_of(key: str) -> str:
+        return _ci(cs.t_interval([100 * p[key] for p in last]))
+
+    finals_text = _ci(finals)
+    if all("accuracy-ensemble" in p for p in last):  # DepthFL
+        finals_text += f" (ensemble {final_of('accuracy-ensemble')})"
+    elif all("accuracy-smallest" in p for p in last) and any(
+            p["accuracy-smallest"] != p["accuracy-largest"] for p in last):
+        finals_text += (f" (smallest model {final_of('accuracy-smallest')}, "
+                        f"largest {final_of('accuracy-largest')})")
+    fell = finals.mean - best  # a method that falls from its best round diverges
+    return (f"| {arm} | {len(rs)} | {finals_text} | {best:.2f} | "
+            f"{fell:+.2f}{' (falls)' if fell < -5 else ''} | "
+            f"{sum(r['rejected-replies'] for r in rs)} | {secs:.0f} |")
+
+
 def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                  readme: Path | None = README) -> str:
     """docs/claims.md (and the curves' PNGs next to it) from the stored run records; the
@@ -493,20 +519,7 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                       "|---|---|---|---|---|---|---|"]
             for arm in arms:
                 rs = [records[k] for k in sorted(records) if k[0] == st and k[1] == arm]
-                finals = cs.t_interval([100 * r["final"] for r in rs])
-                best = max(sum(100 * r["curve"][i]["accuracy"] for r in rs) / len(rs)
-                           for i in range(min(len(r["curve"]) for r in rs)))
-                secs = sum(r["seconds"] for r in rs) / len(rs)
-                if all("accuracy-ensemble" in r["curve"][-1] for r in rs):  # DepthFL
-                    ensemble = cs.t_interval([100 * r["curve"][-1]["accuracy-ensemble"]
-                                              for r in rs])
-                    finals_text = f"{_ci(finals)} (ensemble {_ci(ensemble)})"
-                else:
-                    finals_text = _ci(finals)
-                fell = finals.mean - best  # a method that falls from its best round diverges
-                lines.append(f"| {arm} | {len(rs)} | {finals_text} | {best:.2f} | "
-                             f"{fell:+.2f}{' (falls)' if fell < -5 else ''} | "
-                             f"{sum(r['rejected-replies'] for r in rs)} | {secs:.0f} |")
+                lines.append(arm_row(arm, rs))
             lines.append("")
         lines += [f"### Claims of tier `{tier}`", ""]
         for row in rows:
