@@ -373,7 +373,10 @@ def plot_setting(tier: str, setting_id: str, records: dict, path: Path) -> bool:
         line, = ax.plot(rounds, mean, label=f"{arm} (n={len(rs)})")
         if len(rs) > 1:
             half = stats.t.ppf(0.975, len(rs) - 1) * values.std(0, ddof=1) / np.sqrt(len(rs))
-            ax.fill_between(rounds, mean - half, mean + half, alpha=0.15, color=line.get_color())
+            # few seeds give t-bands wider than accuracy can go: drawn within 0-100 only
+            ax.fill_between(rounds, np.clip(mean - half, 0, 100), np.clip(mean + half, 0, 100),
+                            alpha=0.15, color=line.get_color())
+    ax.set_ylim(0, 100)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{setting_id} ({tier} tier): mean over seeds, 95% band", fontsize=9)
