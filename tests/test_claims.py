@@ -14,7 +14,7 @@ import pytest
 
 from fedtune_app.tools import claims as cl
 from fedtune_app.tools import claims_stats as cs
-from fedtune_app.tools.claims_registry import CLAIMS, SETTINGS, Claim, Setting
+from fedtune_app.tools.claims_registry import CLAIMS, SETTINGS, Claim, Setting, tiers_of
 
 T975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
 T80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
@@ -197,6 +197,20 @@ def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
     assert {s.hash for s in gate} | {s.hash for s in rest} == {s.hash for s in every}
     with pytest.raises(SystemExit, match="no arm 'homo2'"):
         cl.plan_runs(ids, "cpu", arms=["homo2"])
+
+
+def test_a_glob_selects_the_claims_of_the_tier_and_an_id_without_it_is_an_error():
+    """'heterotune-*' matches the GPU-only LLaMA rows too; on the CPU tier it runs the rest."""
+    cpu_only = [c.id for c in CLAIMS.values() if c.id.startswith("heterotune-")
+                and "cpu" in tiers_of(c)]
+    gpu_only = [c.id for c in CLAIMS.values() if c.id.startswith("heterotune-")
+                and "cpu" not in tiers_of(c)]
+    assert cpu_only and gpu_only  # the glob below spans both kinds
+    assert sorted(c.id for c in cl.match_claims(["heterotune-*"], "cpu")) == sorted(cpu_only)
+    with pytest.raises(SystemExit, match=f"{gpu_only[0]}' matches no claim with a 'cpu' tier"):
+        cl.match_claims([gpu_only[0]], "cpu")
+    with pytest.raises(SystemExit, match="no claim matches 'nope-\\*'"):
+        cl.match_claims(["nope-*"], "cpu")
 
 
 def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):

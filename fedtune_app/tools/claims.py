@@ -129,7 +129,11 @@ def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
 
 
 def match_claims(patterns: list[str], tier: str) -> list[Claim]:
-    """Claims named by id or glob (all claims of the tier when none), in priority order."""
+    """Claims named by id or glob (all claims of the tier when none), in priority order.
+
+    A glob keeps the claims it matches that have the tier ('heterotune-*' on the CPU tier skips
+    the GPU-only LLaMA rows); an id, or a glob none of whose claims has the tier, is an error.
+    """
     available = [c for c in CLAIMS.values() if tier in tiers_of(c)]
     if not patterns:
         chosen = available
@@ -140,11 +144,11 @@ def match_claims(patterns: list[str], tier: str) -> list[Claim]:
             if not hits:
                 raise SystemExit(f"claims: no claim matches {p!r}; `fedtune claims list` "
                                  "shows them")
-            for c in hits:
-                if tier not in tiers_of(c):
-                    raise SystemExit(f"claims: {c.id} has no {tier!r} tier (has: "
-                                     f"{', '.join(tiers_of(c)) or 'none'})")
-            chosen += hits
+            in_tier = [c for c in hits if c in available]
+            if not in_tier:
+                has = "; ".join(f"{c.id} has: {', '.join(tiers_of(c)) or 'none'}" for c in hits)
+                raise SystemExit(f"claims: {p!r} matches no claim with a {tier!r} tier ({has})")
+            chosen += in_tier
     chosen = list(dict.fromkeys(chosen))
     return sorted(chosen, key=lambda c: (c.priority, list(CLAIMS).index(c.id)))
 
