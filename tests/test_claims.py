@@ -176,6 +176,14 @@ def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
     assert other_seed != fedra  # the comparison can fail: another seed draws otherwise
 
 
+def test_a_tier_only_key_reaches_that_tier_and_that_arm_alone():
+    """FedDF's CPU-tier distillation budget changes FedDF's CPU runs and nothing else."""
+    cpu, gpu = (cl.run_config(t, "heterotune-groups", "feddf", 0) for t in ("cpu", "gpu"))
+    assert cpu["feddf-distillation"] == "epochs" and "feddf-distillation" not in gpu
+    assert cl.config_hash(cpu) != cl.config_hash(cpu | {"feddf-distillation": "paper"})
+    assert "feddf-distillation" not in cl.run_config("cpu", "heterotune-groups", "fedmd", 0)
+
+
 def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
     """AllLarge / AllSmall put every client in one model group, so the two HeteroTune settings
     (groups 1:1 and 3:1) share their gate runs; HeteroTune itself splits the clients by the

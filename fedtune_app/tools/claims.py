@@ -94,7 +94,7 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
                          f"{', '.join(setting.tiers)})")
     keys = dict(setting.tiers[tier])
     preset = keys.pop("preset", "")
-    keys = (load_preset(preset) if preset else {}) | keys | arm.keys
+    keys = (load_preset(preset) if preset else {}) | keys | arm.keys | arm.tier_keys.get(tier, {})
     keys |= {"method": arm.method, "seed": seed}
     plain_list = (keys.get("capacity-profile", "list") == "list"
                   and not keys.get("dynamic-capacities") and not keys.get("model-groups"))
