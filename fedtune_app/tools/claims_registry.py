@@ -108,7 +108,7 @@ ARMS = {a.label: a for a in [
     Arm("inclusivefl-mlp", "inclusivefl", {"adapter-modules": "last-fc-mlp"}),
     Arm("heterotune", "heterotune"), Arm("homo", "homo"), Arm("fedmd", "fedmd"),
     # FedDF's paper distillation (up to 10^4 Adam steps per round and group, every one of them
-    # without a validation split) is 1111 passes over the CPU tier's 36 public examples: a
+    # without a validation split) is about 1140 passes over the CPU tier's 35 public examples: a
     # round took over 10 minutes here, where client training takes about 1.5. The CPU tier
     # gives FedDF the digest FedMD gets: one pass at the clients' optimizer.
     Arm("feddf", "feddf", tier_keys={"cpu": {"feddf-distillation": "epochs"}}),
@@ -195,8 +195,9 @@ HETERO_SETUP = ("HeteroTune Sec. 4: Dirichlet 0.1, 50 rounds, 20 local epochs, l
                 "FedDF public set 20% of the training data. Open: FedAdapter rank and position "
                 "(fedtune: lora-r 8, last FC). CPU tier: 2 local epochs, 20 rounds; FedDF's server "
                 "distillation one pass over the public set at the clients' optimizer "
-                "(feddf-distillation = epochs, FedMD's digest budget) instead of up to 10^4 Adam "
-                "steps per round and group (1111 passes over this tier's 36 public examples).")
+                "(feddf-distillation = epochs, FedMD's digest budget) instead of up to 10^4 "
+                "Adam steps per round and group (about 1140 passes over this tier's 35 public "
+                "examples).")
 
 CLAIMS = {c.id: c for c in [
     # ---- FedRA (v2, ECCV 2024 text) ----
