@@ -227,9 +227,12 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     real = cl.execute
     monkeypatch.setattr(cl, "execute", lambda spec, *a: executed.append(spec.name) or
                         real(spec, *a))
+    heads = iter(f"commit{i}" for i in range(100))  # HEAD moves while the campaign runs
+    monkeypatch.setattr(cl, "git_commit", lambda: next(heads))
     records = cl.run_claims([smoke_claim.id], "smoke", None, store, results, log=lambda t: None)
     # gate arms (all-large, all-small) and fedra, seeds 0 and 1: six runs, each stored once
     assert len(executed) == 6 and len(records) == 6
+    assert {r["commit"] for r in records} == {"commit0"}  # the code the process loaded
     assert len(list((store / "runs" / "smoke").glob("*.json"))) == 6
     assert all(r["rejected-replies"] == 0 and r["rounds"] == 2 for r in records)
 

@@ -187,7 +187,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def summarize_run(spec: RunSpec, folder: Path, seconds: float) -> dict:
+def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str) -> dict:
     """The small record of a finished run: its curve, final metrics and rejected replies."""
     metrics = json.loads((folder / "metrics.json").read_text())
     curve = []
@@ -203,18 +203,21 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float) -> dict:
             "final": curve[-1]["accuracy"],
             "rejected-replies": sum(len(m.get("rejected") or ()) for m in metrics),
             "seconds": round(seconds, 1), "rounds": len(metrics),
-            "commit": git_commit(), "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+            "commit": commit, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                               time.gmtime())}
 
 
-def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE) -> dict:
-    """Run one (setting, arm, seed) in this process and store its record."""
+def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
+            commit: str | None = None) -> dict:
+    """Run one (setting, arm, seed) in this process and store its record; ``commit``: the
+    code this process loaded (HEAD may move while a campaign runs)."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
 
+    commit = commit or git_commit()
     started = time.time()
     folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier)}))
-    record = summarize_run(spec, folder, time.time() - started)
+    record = summarize_run(spec, folder, time.time() - started, commit)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
                                    else folder)
     out = store / "runs" / spec.tier
@@ -235,9 +238,10 @@ def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = 
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} runs, {len(specs) - len(todo)} already done, {len(todo)} to run")
+    commit = git_commit()
     with progress([s.keys for s in todo], "claims"):
         for i, spec in enumerate(todo, 1):
-            record = execute(spec, results, store)
+            record = execute(spec, results, store, commit)
             done[spec.hash] = record
             log(f"claims: run {i}/{len(todo)} {spec.setting} {spec.arm} seed {spec.seed}: "
                 f"accuracy {100 * record['final']:.2f}% in {record['seconds']:.0f} s, "
