@@ -18,7 +18,7 @@ ALLOWED = {
     **{("tools/claims_registry.py", m): "the papers' claims name the methods they compare"
        for m in METHODS},
     **{("tools/claims_registry.py", k): "a claim's arm sets a method's key"
-       for k in ("all-small-layers", "depthfl-headline")},
+       for k in ("all-small-layers", "depthfl-headline", "feddf-distillation")},
     ("tools/claims.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
     ("tools/claims.py", "all-small"): "the claims' shared AllSmall run (its canonical depth)",
     ("tools/compare.py", "all-large"): "the comparison's default methods: FedRA Table 1's",
