@@ -107,10 +107,8 @@ ARMS = {a.label: a for a in [
     Arm("inclusivefl-attn", "inclusivefl", {"adapter-modules": "last-fc-attn"}),
     Arm("inclusivefl-mlp", "inclusivefl", {"adapter-modules": "last-fc-mlp"}),
     Arm("heterotune", "heterotune"), Arm("homo", "homo"), Arm("fedmd", "fedmd"),
-    # FedDF's paper distillation (up to 10^4 Adam steps per round and group, every one of them
-    # without a validation split) is about 1140 passes over the CPU tier's 35 public examples: a
-    # round took over 10 minutes here, where client training takes about 1.5. The CPU tier
-    # gives FedDF the digest FedMD gets: one pass at the clients' optimizer.
+    # FedDF's paper distillation does not fit the CPU tier (why: HETERO_SETUP, a round took
+    # over 10 minutes here, where client training takes about 1.5)
     Arm("feddf", "feddf", tier_keys={"cpu": {"feddf-distillation": "epochs"}}),
     Arm("flexifed", "flexifed"), Arm("pfedlora", "pfedlora"),
 ]}
