@@ -221,6 +221,44 @@ def test_a_glob_selects_the_claims_of_the_tier_and_an_id_without_it_is_an_error(
         cl.match_claims(["nope-*"], "cpu")
 
 
+def test_the_gpu_tier_plans_in_a_fresh_process():
+    """The GPU tier's presets set method-owned keys (DepthFL's headline): planning it must not
+    depend on something else having registered the methods first."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "claims", "run",
+                           "--tier", "gpu", "--dry-run"], capture_output=True, text=True,
+                          cwd=cl.ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = [ln.split()[1] for ln in done.stdout.splitlines()
+              if ln.startswith(("todo ", "done "))]
+    assert listed == [s.name for s in cl.plan_runs([], "gpu")] and len(listed) > 100
+
+
+@pytest.mark.parametrize("tier", ["cpu", "gpu"])
+def test_every_claim_run_with_its_data_here_can_partition_its_clients(tier):
+    """Every run a claim needs (each seed, each arm's held-out data) splits its training data
+    over its clients with each client at least 'min-partition-size' examples; a Dirichlet(0.1)
+    split that cannot (20 clients of BBC News) would only fail once the run has started."""
+    from fedtune_app.data.scenarios import num_clients
+    from fedtune_app.data.splits import client_examples, run_splits
+    from fedtune_app.methods import resolve_config
+
+    checked = set()
+    for spec in cl.plan_runs([], tier):
+        cfg = resolve_config(spec.keys | {"model-source": "random",
+                                          "model-group-sources": "random"})
+        key = (cfg.data, cfg.held_out, cfg.seed)
+        if cfg.data.dataset != "bbc-news" or key in checked:
+            continue  # the LLaMA rows' GLUE data is not on this machine
+        checked.add(key)
+        splits, clients = run_splits(cfg), num_clients(cfg)
+        sizes = [len(client_examples(cfg, splits, i, clients).labels) for i in range(clients)]
+        assert min(sizes) >= cfg.data.min_partition_size, (spec.name, sizes)
+    assert len(checked) >= 3 * 2  # several seeds and held-out variants were partitioned
+
+
 def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     store, results = tmp_path / "store", tmp_path / "results"
     executed = []

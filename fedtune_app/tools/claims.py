@@ -88,6 +88,8 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
     """The run config of one arm of one setting on one seed (a preset is expanded, so every
     given key counts). AllLarge and AllSmall ignore the capacity list but for its length and
     its minimum: they get it canonical, so every setting with the same data shares their runs."""
+    import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets may set
+
     setting, arm = SETTINGS[setting_id], ARMS[arm_label]
     if tier not in setting.tiers:
         raise ValueError(f"setting {setting_id!r} has no {tier!r} tier (has: "
@@ -428,7 +430,10 @@ TIER_TEXT = {
            "blocks x 768, BBC News, 256 tokens, 100 rounds, batch 128, lr 0.01) and the "
            "HeteroTune decoder presets (`heterotune-t3-glue-*`: LLaMA-3.2-1B + 3B, bf16, GLUE "
            "from the hub). Needs a CUDA GPU, `make assets` (MPNet), and for the LLaMA rows the "
-           "hub (or the models and GLUE saved locally).",
+           "hub (or the models and GLUE saved locally). Cost, measured on one H200 "
+           "(`benchmarks/bench_claims_cost.py`, docs/performance.md): about 12.5 hours for the "
+           "116 FedRA and FedBRICK runs (5-13 minutes each) and about 72 hours for the 27 "
+           "HeteroTune runs other than FedDF's (1-6 hours each: 20 local epochs a round).",
     "paper": "The papers' own presets: ViT-B/16 (timm hub) on NICO++ / DomainNet under "
              "`data-dir`, CIFAR-10 from the hub for HeteroTune. Needs the data, the hub and a GPU.",
 }
