@@ -522,11 +522,12 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                 lines.append("Gate: AllLarge / AllSmall not run on a common seed yet.")
             else:
                 gg = g["gate"]
+                why = f" {gg.reason[0].upper()}{gg.reason[1:]}." if gg.reason else ""
                 lines.append(
                     f"Gate **{g['status']}** (seeds {', '.join(map(str, g['seeds']))}): AllLarge "
                     f"final {_ci(gg.reference_final)}%, gain over rounds {gg.from_round}-"
                     f"{gg.last_round}: {gg.gain_last:+.2f} points; AllLarge - AllSmall "
-                    f"{_ci(gg.over_small)} points" + (f". {gg.reason[:1].upper()}{gg.reason[1:]}." if gg.reason else "."))
+                    f"{_ci(gg.over_small)} points.{why}")
             png = store / f"{tier}-{st}.png"
             if plot_setting(tier, st, records, png):
                 lines += ["", f"![{st}]({png.relative_to(out.parent).as_posix()})"]
