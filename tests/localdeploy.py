@@ -176,10 +176,12 @@ class LocalDeployment:
 
     def run_in_background(self, run_config: str) -> tuple[subprocess.Popen, Path]:
         """``flwr run . NAME --stream`` started; its output goes to the returned file, which a
-        test reads while the run goes on."""
+        test reads while the run goes on: unbuffered, else the lines reach the file in 8 KB
+        blocks, minutes after the events they report."""
         out = self.workdir / "flwr-run.log"
         proc = subprocess.Popen([str(BIN / "flwr"), "run", ".", self.name, "--stream",
-                                 "--run-config", run_config], env=self.env, cwd=ROOT,
+                                 "--run-config", run_config],
+                                env=self.env | {"PYTHONUNBUFFERED": "1"}, cwd=ROOT,
                                 stdout=out.open("wb"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs.append(proc)

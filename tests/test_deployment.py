@@ -126,8 +126,8 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
     node 1's own (Flower's NODE_UNAVAILABLE, sent by the SuperLink), the late and the restarted
     node train in later rounds with their own partitions, and metrics.json says per round who
     served what."""
-    # rounds enough that devices starting slowly (minutes on a loaded machine) still train
-    declared, rounds = [3, 1, 2], 8
+    # rounds enough that devices starting slowly (a minute or more on a loaded machine) train
+    declared, rounds = [3, 1, 2], 6
     checkpoint, sha = smoke_checkpoint(tmp_path)
     data_dirs = [tmp_path / f"device-{i}" for i in range(len(declared))]
     dep = LocalDeployment(tmp_path, nodes_with(declared, data_dirs), tls=credentials["tls"],
