@@ -432,7 +432,7 @@ TIER_TEXT = {
            "from the hub). Needs a CUDA GPU, `make assets` (MPNet), and for the LLaMA rows the "
            "hub (or the models and GLUE saved locally). Cost, measured on one H200 "
            "(`benchmarks/bench_claims_cost.py`, docs/performance.md): about 12.5 hours for the "
-           "116 FedRA and FedBRICK runs (5-13 minutes each) and about 72 hours for the 27 "
+           "116 FedRA and FedBRICK runs (2-13 minutes each) and about 72 hours for the 27 "
            "HeteroTune runs other than FedDF's (1-6 hours each: 20 local epochs a round).",
     "paper": "The papers' own presets: ViT-B/16 (timm hub) on NICO++ / DomainNet under "
              "`data-dir`, CIFAR-10 from the hub for HeteroTune. Needs the data, the hub and a GPU.",
