@@ -29,6 +29,9 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
+
+import torch
 
 from common import ROOT, save, table
 
@@ -45,13 +48,8 @@ def measure_one(keys: dict) -> dict:
         run_inprocess(keys)
     rounds = [b - a for a, b in zip(stamps, stamps[1:])]
     out = {"rounds": rounds}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            out["peak-gpu-gb"] = torch.cuda.max_memory_allocated() / 2**30
-    except ImportError:
-        pass
+    if torch.cuda.is_available():
+        out["peak-gpu-gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
 
 
@@ -89,14 +87,12 @@ def main() -> None:
 
     from fedtune_app.tools.claims import plan_runs
 
-    specs = plan_runs(args.claims, args.tier, args.seeds,
-                      arms=[a for a in args.arms.split(",") if a] or None)
-    runs_per_pair: dict = {}
-    for s in specs:
-        runs_per_pair[s.setting, s.arm] = runs_per_pair.get((s.setting, s.arm), 0) + 1
-    order = [a for a in args.arms.split(",") if a]
-    seed0 = sorted((s for s in specs if s.seed == 0),
-                   key=lambda s: order.index(s.arm) if s.arm in order else 0)  # stable
+    arms = [a for a in args.arms.split(",") if a]
+    specs = plan_runs(args.claims, args.tier, args.seeds, arms=arms or None)
+    runs_per_pair = Counter((s.setting, s.arm) for s in specs)
+    seed0 = [s for s in specs if s.seed == 0]
+    if arms:  # measured in the order given (the first ones matter most under a time limit)
+        seed0.sort(key=lambda s: arms.index(s.arm))
     rows, campaign = [], 0.0
     for spec in seed0:
         keys = dict(spec.keys) | {"num-server-rounds": ROUNDS, "eval-every": ROUNDS,

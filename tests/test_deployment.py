@@ -86,35 +86,43 @@ def test_unregistered_supernode_is_refused(tmp_path, credentials):
     assert all(p.poll() is not None for p in dep.procs)
 
 
+def poll_run(check, proc: subprocess.Popen, interval: float, timeout: float = 600):
+    """``check()``'s first truthy value, polled while the run goes on; None once it ended."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            return None
+        time.sleep(interval)
+    return None
+
+
 def wait_for_line(path: Path, pattern: str, proc: subprocess.Popen, dep: LocalDeployment,
                   timeout: float = 600) -> str:
     """The first line of the streamed run output matching ``pattern``."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = re.search(f".*{pattern}.*", path.read_text(errors="replace"))
-        if found:
-            return found.group(0)
-        if proc.poll() is not None:
-            break
-        time.sleep(1)
-    pytest.fail(f"no line matching {pattern!r} in the run output:\n"
-                f"{path.read_text(errors='replace')}\n{dep.logs()}")
+    found = poll_run(lambda: re.search(f".*{pattern}.*", path.read_text(errors="replace")),
+                     proc, 1.0, timeout)
+    if not found:
+        pytest.fail(f"no line matching {pattern!r} in the run output:\n"
+                    f"{path.read_text(errors='replace')}\n{dep.logs()}")
+    return found.group(0)
 
 
 def wait_for_rounds(results: Path, rounds: int, proc: subprocess.Popen, dep: LocalDeployment,
                     timeout: float = 600) -> None:
     """Until the ServerApp has written ``rounds`` round records to its metrics.json: written
     by the server process itself, so seen at once (the streamed run output can lag seconds)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def recorded() -> bool:
         for path in results.glob("*/metrics.json"):
             with contextlib.suppress(ValueError):  # a file being replaced
                 if len(json.loads(path.read_text())) >= rounds:
-                    return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    pytest.fail(f"no metrics.json with {rounds} rounds under {results}\n{dep.logs()}")
+                    return True
+        return False
+
+    if not poll_run(recorded, proc, 0.1, timeout):
+        pytest.fail(f"no metrics.json with {rounds} rounds under {results}\n{dep.logs()}")
 
 
 def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, credentials):
