@@ -35,7 +35,15 @@ from fedtune_app.federated.wire import (
 from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.adapters import AdapterSpec
 from fedtune_app.model.backbones import ModelSpec
-from fedtune_app.model.block_store import build_on_demand, check_memory, hold_blocks, place
+from fedtune_app.model.block_store import (
+    allows_whole_model,
+    build_on_demand,
+    check_memory,
+    checkpoint_path,
+    hold_blocks,
+    place,
+    whole_model_refusal,
+)
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
 from fedtune_app.model.perf import process_stats
 from fedtune_app.model.published_blocks import PublishedBlocks
@@ -65,10 +73,36 @@ def runtime(cfg: RunConfig, recipe=None, node_config: dict | None = None):
         if cfg.model.layered_url:  # fetch the planned blocks alone, never the whole model
             files = PublishedBlocks(cfg.model.layered_url, cfg.model.layered_sha256, spec,
                                     folder).local_file
-        model = recipe.build(spec, backbone=functools.partial(build_on_demand, cache_dir=folder,
-                                                              device=device, files=files))
+        backbone = functools.partial(build_on_demand, cache_dir=folder, device=device,
+                                     files=files, allow_build=allows_whole_model(node_config),
+                                     publish_hint=publish_command(cfg))
+        model = recipe.build(spec, backbone=backbone)
         _MODELS[key] = place(model, device), device
     return _MODELS[key]
+
+
+def publish_command(cfg: RunConfig) -> str:
+    """The `fedtune publish-layered` command that publishes this run's backbone block by
+    block (its model keys and data set: the number of classes shapes the head)."""
+    model = cfg.model
+    keys = {"model": model.model, "model-source": model.model_source,
+            "model-args": model.model_args, "model-seed": model.model_seed,
+            "dataset": cfg.data.dataset}
+    text = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
+                    for k, v in keys.items() if v not in ("", 0) or k == "model-source")
+    return f"fedtune publish-layered --run-config '{text}' --out DIR --base-url URL"
+
+
+def check_whole_model(cfg: RunConfig, node_config: dict) -> None:
+    """At the start-up query: a node whose config forbids building the whole backbone
+    (``build-whole-model=false``) and that would have to (no ``layered-url``, no layered
+    checkpoint in its cache yet) stops here, before any training."""
+    if cfg.model.layered_url or allows_whole_model(node_config):
+        return
+    spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
+    path = checkpoint_path(spec, cache_dir(cfg.model, node_config))
+    if not path.is_file():
+        raise ConfigError(whole_model_refusal(spec, path, publish_command(cfg)))
 
 
 def node_config_int(node_config: dict, key: str) -> int:
@@ -137,6 +171,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     if "memory-mb" in context.node_config:  # a device declares how much its model may use
         memory_mb = node_config_int(context.node_config, "memory-mb")
         check_memory(ModelSpec.from_config(cfg.model, run_num_classes(cfg)), capacity, memory_mb)
+    check_whole_model(cfg, context.node_config)
     answer = NodeAnswer(pid, capacity, len(examples), data_group, tuple(counts.tolist()),
                         fetched, 0 if group is None else group,
                         int(context.node_config["num-partitions"]), memory_mb)

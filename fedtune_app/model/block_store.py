@@ -27,9 +27,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -46,7 +48,10 @@ from fedtune_app.model.backbones import (
     frozen_backbone,
 )
 
+log = logging.getLogger("fedtune")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
+# node config key: false = this device never builds the whole backbone (refuses instead)
+WHOLE_MODEL_KEY = "build-whole-model"
 FORMAT = "fedtune-layered-1"  # bump when the file layout changes: old cache files are ignored
 ALIGN = 64  # bytes: torch's CPU allocator's alignment
 
@@ -133,19 +138,71 @@ def save_layered(model: LayeredModel, path: Path) -> None:
             os.unlink(tmp)
 
 
-def layered_checkpoint(spec: ModelSpec, cache_dir: Path) -> Path:
+def layered_checkpoint(spec: ModelSpec, cache_dir: Path, allow_build: bool = True,
+                       publish_hint: str = "") -> Path:
     """The node's layered checkpoint of ``spec`` (written on first use: the one time this node
-    builds the whole backbone, e.g. downloading a hub model)."""
+    builds the whole backbone, e.g. downloading a hub model). Before that build the node says
+    so, with the peak it needs and how to avoid it (``publish_hint``: the publish command);
+    ``allow_build=False`` (node config ``build-whole-model=false``) refuses instead."""
     from filelock import FileLock
 
     path = checkpoint_path(spec, cache_dir)
     if path.is_file():
         return path
+    if not allow_build:
+        raise ConfigError(whole_model_refusal(spec, path, publish_hint))
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):  # simulation actors of one node build it once
         if not path.is_file():
+            log.warning(whole_model_notice(spec, path, publish_hint))
+            started = time.perf_counter()
             save_layered(frozen_backbone(spec), path)
+            log.info("fedtune node: layered checkpoint %s written in %.1f s", path,
+                     time.perf_counter() - started)
     return path
+
+
+def _mb(nbytes: int) -> str:
+    """9,535,016 -> '9.1 MB'; 17,960 -> '17.5 KB' (binary units, as ``check_memory``)."""
+    return f"{nbytes / 2**20:.1f} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KB"
+
+
+def whole_model_notice(spec: ModelSpec, path: Path, publish_hint: str = "") -> str:
+    """What a node says before it builds the whole backbone once."""
+    shared, blocks = frozen_bytes(spec)
+    return (f"fedtune node: building the WHOLE backbone {spec.name!r} once, to write this "
+            f"node's layered checkpoint {path}: its peak holds at least {_mb(shared + sum(blocks))}"
+            f" of frozen weights (more while a pretrained checkpoint loads), where training "
+            f"needs only {_mb(shared)} + up to {_mb(max(blocks, default=0))} per held block. "
+            f"{_avoid(publish_hint)}")
+
+
+def whole_model_refusal(spec: ModelSpec, path: Path, publish_hint: str = "") -> str:
+    shared, blocks = frozen_bytes(spec)
+    return (f"node config {WHOLE_MODEL_KEY}=false: this node has no layered checkpoint of "
+            f"{spec.name!r} ({path}) and must not build the whole backbone "
+            f"({_mb(shared + sum(blocks))} of frozen weights) to write one. {_avoid(publish_hint)}")
+
+
+def _avoid(publish_hint: str) -> str:
+    command = publish_hint or "fedtune publish-layered --run-config '<the run's model keys>' " \
+                              "--out DIR --base-url URL"
+    return ("To fetch only its planned blocks instead, publish them once on a machine that can "
+            f"hold the model, `{command}`, serve DIR over HTTP with Range support and run with "
+            f"the printed layered-url and layered-sha256 (docs/deployment.md); node config "
+            f"{WHOLE_MODEL_KEY}=false makes a device refuse this build.")
+
+
+def allows_whole_model(node_config: dict | None) -> bool:
+    """Node config ``build-whole-model`` (default true): may this node build the whole
+    backbone once?"""
+    value = (node_config or {}).get(WHOLE_MODEL_KEY, True)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ConfigError(f"node config {WHOLE_MODEL_KEY}={value!r} is not a boolean; allowed: "
+                          "true, false")
+    return value
 
 
 # -- a model that holds only its plan's blocks -----------------------------------------------
@@ -224,12 +281,14 @@ def _assign(slot: Slot, tensor: torch.Tensor) -> None:
         slot.owner._buffers[slot.leaf] = tensor
 
 
-def build_on_demand(spec: ModelSpec, cache_dir: Path, device, files=None) -> LayeredModel:
+def build_on_demand(spec: ModelSpec, cache_dir: Path, device, files=None,
+                    allow_build: bool = True, publish_hint: str = "") -> LayeredModel:
     """The skeleton of ``spec`` with everything outside the blocks read from the node's layered
     checkpoint, and no block held yet (``hold_blocks`` loads a plan's). ``files`` (part -> local
     file of that part, e.g. ``PublishedBlocks.local_file``) replaces the layered checkpoint: the
-    whole backbone is then never built on this node."""
-    files = files or layered_checkpoint(spec, cache_dir)
+    whole backbone is then never built on this node. ``allow_build`` / ``publish_hint``: see
+    ``layered_checkpoint``."""
+    files = files or layered_checkpoint(spec, cache_dir, allow_build, publish_hint)
     BUILDS["count"] += 1
     model = build_skeleton(spec)
     store = BlockStore(files, frozen_slots(model), device)
