@@ -27,6 +27,7 @@ from fedtune_app.apps.tracking import make_tracker, round_scalars
 from fedtune_app.config import RunConfig
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.model.perf import process_stats
+from fedtune_app.model.progress import clock
 
 log = logging.getLogger("fedtune")
 # called with (run config, round record) after every round of a run in this process: progress
@@ -149,13 +150,6 @@ class ResultsWriter:
         if self.tracker is not None:
             self.tracker.close()
         log.info("fedtune: results in %s", self.folder)
-
-
-def clock(seconds: float) -> str:
-    """1:02:03 / 2:03"""
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def plot_accuracy(metrics: list[dict], path: Path, label: str) -> None:

@@ -87,7 +87,8 @@ def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:
     if not run.model.groups:
         if run.method not in single_model_methods:
             raise ConfigError(f"run-config key 'method' = {run.method!r} needs model groups: "
-                              "set 'model-groups' (e.g. two timm models separated by ';')")
+                              "set 'model-groups' (e.g. two timm models separated by ';'), or "
+                              "take preset 'smoke-groups' (the smoke run over two model groups)")
         return
     if run.method not in group_methods:
         raise ConfigError(f"run-config key 'method' = {run.method!r} does not run over model "

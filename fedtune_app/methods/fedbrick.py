@@ -86,6 +86,7 @@ from fedtune_app.data.splits import domain_list, proxy_indices, run_splits
 from fedtune_app.methods.fedra import FedRA
 from fedtune_app.methods.registry import register_method
 from fedtune_app.model.adapters import add_trained_module, block_of, load_state, names_for_plan
+from fedtune_app.model.progress import Progress
 from fedtune_app.training.local import to_device, train_local
 from fedtune_app.training.recipes import ClientRecipe
 
@@ -157,14 +158,17 @@ def layer_mse(bricks: nn.ModuleDict, io) -> torch.Tensor:
 
 
 def distill_bricks(model, bricks: nn.ModuleDict, data, epochs: int, lr: float, batch_size: int,
-                   seed: int, device, optimizer: str = "adam") -> tuple[float, float]:
+                   seed: int, device, optimizer: str = "adam",
+                   what: str = "fedbrick server distillation") -> tuple[float, float]:
     """Eq. 20 for one domain: ``optimizer`` (Adam, or plain SGD) on the BRICKs against the
-    frozen global blocks. Returns the mean layer-wise MSE of the first and of the last epoch."""
+    frozen global blocks. Returns the mean layer-wise MSE of the first and of the last epoch.
+    A run of more than a few seconds logs its progress (``what``: the phase's name)."""
     optimizer = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(
         bricks.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     per_epoch = []
+    progress = Progress(what, epochs * data.num_batches(batch_size))
     for _ in range(epochs):
         total, count = 0.0, 0
         for inputs, _ in data.batches(batch_size, generator=gen):
@@ -175,6 +179,7 @@ def distill_bricks(model, bricks: nn.ModuleDict, data, epochs: int, lr: float, b
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            progress.advance()
             n = len(io[0][0])
             total, count = total + loss.item() / len(io) * n, count + n
         per_epoch.append(total / max(count, 1))
@@ -373,7 +378,9 @@ class FedBRICK(FedRA):
             own = self.cfg.own
             first, last = distill_bricks(model, bricks, data, epochs, own.fedbrick_server_lr,
                                          self.cfg.training.batch_size, seed, device,
-                                         own.fedbrick_server_optimizer)
+                                         own.fedbrick_server_optimizer,
+                                         what=f"fedbrick round {round_} domain {domain}: "
+                                              "server distillation")
             out[domain] = [first, last]
             for name, p in bricks.named_parameters():
                 state[f"bricks.{domain}.{name}"] = p.detach().cpu().numpy().astype(np.float32)

@@ -56,7 +56,7 @@ class FedDF(GroupStrategy):
                                                         cfg.own.feddf_val_fraction)
         self.device = pick_device(cfg.training.device)
 
-    def fuse(self, model, plan, params, teacher, seed: int) -> None:
+    def fuse(self, model, plan, params, teacher, seed: int, group: int) -> None:
         """Step 4 for one group: distil ``teacher`` into ``params``."""
         temperature = self.cfg.own.distill_temperature
 
@@ -79,7 +79,9 @@ class FedDF(GroupStrategy):
                               self.cfg.training.batch_size, seed, self.device,
                               validate=validate if self.validation is not None else None,
                               eval_every=self.cfg.own.feddf_eval_every,
-                              patience=self.cfg.own.feddf_patience)
+                              patience=self.cfg.own.feddf_patience,
+                              what=f"feddf round {self.history[-1].round} group {group}: server "
+                                   "distillation")
         self.history[-1].method_metrics.setdefault("feddf-steps", []).append(steps)
 
     def group_model(self, g: int):
@@ -101,7 +103,7 @@ class FedDF(GroupStrategy):
             recipe.load(model, mean)
             params = recipe.trainables(model, plan)
             self.fuse(model, plan, list(params.values()), teacher,
-                      seed=self.cfg.seed * 7919 + len(self.history) * 31 + g)
+                      seed=self.cfg.seed * 7919 + len(self.history) * 31 + g, group=g)
             new |= {n: p.detach().cpu().numpy().astype(mean[n].dtype) for n, p in params.items()}
         return new
 

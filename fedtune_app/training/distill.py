@@ -20,6 +20,7 @@ from torch import nn
 
 from fedtune_app.config import TrainingConfig
 from fedtune_app.data.splits import Examples
+from fedtune_app.model.progress import Progress
 
 
 def indexed(examples: Examples) -> Examples:
@@ -72,12 +73,14 @@ def distill(model, plan, params: list[nn.Parameter], public: Examples, targets: 
 
 def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, targets: np.ndarray,
                   loss, steps: int, lr: float, batch_size: int, seed: int, device,
-                  validate=None, eval_every: int = 100, patience: int = 1000) -> int:
+                  validate=None, eval_every: int = 100, patience: int = 1000,
+                  what: str = "distillation") -> int:
     """FedDF's server distillation: Adam at ``lr`` with cosine annealing over ``steps``
     mini-batches of ``public`` (reshuffled each pass). With ``validate`` (-> accuracy), the
     model is validated first and every ``eval_every`` steps; once ``patience`` steps have
     passed since the best accuracy, it stops, and the best parameters are kept (the start's
-    when nothing beat it). Returns the number of steps taken."""
+    when nothing beat it). Returns the number of steps taken. A run of more than a few seconds
+    logs its progress (``what``: the phase's name in those lines)."""
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(params, lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
@@ -96,6 +99,7 @@ def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, tar
 
     best = best_so_far(0) if validate else None  # (accuracy, step, parameters)
     taken = 0
+    progress = Progress(what, steps)  # ETA to the step budget (early stopping may end sooner)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout draws from torch's global RNG
         model.train()
@@ -108,6 +112,7 @@ def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, tar
             optimizer.step()
             schedule.step()
             taken += 1
+            progress.advance()
             if validate and taken % eval_every == 0:
                 now = best_so_far(taken)
                 if now[0] > best[0]:
