@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -63,7 +66,17 @@ def flower_env(app: Path) -> dict[str, str]:
     return env
 
 
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, `timeout`, a closing terminal) reached `fedtune run`
+    while `flwr run` streamed."""
+
+
 def run(args) -> int:
+    """`flwr run` of the app; prints the results folder last. Ctrl-C (SIGINT) or SIGTERM stops
+    `flwr run` and the local SuperLink with everything it started (SuperExec, the simulation,
+    Ray), then says where the results so far are and how to resume. The two signals are taken
+    even when the shell that started us ignores them (a background job of a script): a user
+    who sends one wants the run stopped."""
     from fedtune_app.tools.config_info import supernodes_needed
     from fedtune_app.tools.local_superlink import stop
 
@@ -79,23 +92,99 @@ def run(args) -> int:
                "--federation-config", federation,
                "--run-config", f'results-dir="{results}" {args.run_config}'.strip()]
     folder, log_path = None, home / "last-run.log"
+    started_folder = None  # the run's results folder, from the ServerApp's first line
+    caught: list[int] = []  # the signal that stopped us
+    streaming = [False]
+
+    def on_signal(signum, _frame):
+        # the first signal counts; later ones (a second Ctrl-C) must not cut the clean-up short
+        caught.append(signum)
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        if streaming[0]:
+            raise Interrupted
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    proc, status = None, 1
     try:
-        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) as proc, \
-                log_path.open("w") as log:
+        with log_path.open("w") as log:
+            streaming[0] = True
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 sys.stdout.write(line)
                 log.write(line)
+                match = STARTED.search(line)
+                if match:
+                    started_folder = match.group(1)
                 if line.startswith("RESULTS "):
                     folder = line.split(" ", 1)[1].strip()
-        status = proc.returncode
+            status = proc.wait()
+            streaming[0] = False
+    except Interrupted:
+        pass
     finally:
-        stop(str(home))  # `flwr run` leaves its local SuperLink running (detached)
+        streaming[0] = False
+        if caught and proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stopped = stop(str(home))  # `flwr run` leaves its local SuperLink running (detached)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught and not folder:  # (a signal after the last line: the run is complete)
+        sys.stdout.flush()
+        print(interrupted_report(signal.Signals(caught[0]).name, stopped, started_folder,
+                                 results, args), file=sys.stderr)
+        return 128 + caught[0]
     if status or not folder:
         print(f"fedtune run: failed (log: {log_path})", file=sys.stderr)
         return status or 1
     print(folder)
     return 0
+
+
+# the ServerApp's first line names its results folder (``apps/server.py``)
+STARTED = re.compile(r"rounds; results in (\S.*?)\s*$")
+
+
+def interrupted_report(name: str, stopped: int, folder: str | None, results: Path,
+                       args) -> str:
+    """What an interrupted `fedtune run` tells its user: what it stopped, where the results
+    so far and the last checkpoint are, and the command that continues the run."""
+    lines = [f"fedtune run: interrupted ({name}); stopped `flwr run` and the local SuperLink "
+             f"with the {stopped} processes of it (SuperExec, simulation, Ray)"]
+    if folder is None:
+        lines.append(f"no results folder yet (the run had not started; results go under "
+                     f"{results})")
+        return "\n".join(lines)
+    checkpoint = Path(folder) / "checkpoint.safetensors"
+    lines.append(f"results so far: {folder}")
+    round_ = checkpoint_round(checkpoint)
+    if round_ is None:
+        lines.append("no checkpoint yet (interrupted before the first one): a new run starts "
+                     "over")
+        return "\n".join(lines)
+    keys = f'{args.run_config} resume="{folder}"'.strip()
+    lines += [f"last checkpoint: {checkpoint} (after round {round_})",
+              f"continue with: fedtune run --results {shlex.quote(str(results))} "
+              f"--run-config {shlex.quote(keys)}"]
+    if os.environ.get("MAKELEVEL"):  # started by `make run`
+        lines.append(f"  (or: make run RESULTS={shlex.quote(str(results))} "
+                     f"CONFIG={shlex.quote(keys)})")
+    return "\n".join(lines)
+
+
+def checkpoint_round(path: Path) -> int | None:
+    """The last round a checkpoint holds (None: no readable checkpoint)."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return int(json.loads(f.metadata()["fedtune-checkpoint"])["round"])
+    except Exception:  # missing, half-written by a killed server: no checkpoint to offer
+        return None
 
 
 def stop_command(args) -> int:

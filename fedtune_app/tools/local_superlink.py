@@ -13,20 +13,42 @@ import psutil
 
 def stop(flwr_home: str) -> int:
     """Kill each ``flower-superlink`` whose command line names ``flwr_home`` (its database is
-    there) and all its descendants; returns how many processes died."""
+    there) and all its descendants; returns how many processes died. The tree is frozen
+    (SIGSTOP) before anything dies, pass by pass until no new child shows up, so a process
+    spawned mid-way (a Ray worker) has a frozen parent and is found in the next pass."""
+    victims: dict[int, psutil.Process] = {}
+    while True:
+        found = [p for p in _tree(flwr_home) if p.pid not in victims]
+        if not found:
+            break
+        for proc in found:
+            victims[proc.pid] = proc
+            try:
+                proc.suspend()
+            except psutil.Error:
+                pass
+    for proc in victims.values():
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(victims.values()), timeout=10)
+    return len(victims)
+
+
+def _tree(flwr_home: str) -> list[psutil.Process]:
     roots = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if "flower-superlink" in cmdline and flwr_home in cmdline:
             roots.append(proc)
-    victims = {p.pid: p for root in roots for p in [root, *root.children(recursive=True)]}
-    for proc in victims.values():
+    tree = []
+    for root in roots:
         try:
-            proc.kill()
-        except psutil.NoSuchProcess:
+            tree += [root, *root.children(recursive=True)]
+        except psutil.Error:
             pass
-    psutil.wait_procs(list(victims.values()), timeout=10)
-    return len(victims)
+    return tree
 
 
 if __name__ == "__main__":
