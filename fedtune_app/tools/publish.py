@@ -13,6 +13,7 @@ reads the header and its planned blocks' byte ranges alone (``model/published_bl
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from flwr.common.config import parse_config_args
@@ -20,6 +21,7 @@ from flwr.common.config import parse_config_args
 from fedtune_app.data.splits import run_num_classes
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.backbones import ModelSpec
+from fedtune_app.model.block_store import frozen_bytes
 from fedtune_app.model.published_blocks import publish
 
 
@@ -34,8 +36,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cfg = resolve_config(parse_config_args([args.run_config] if args.run_config else None))
     spec = ModelSpec.from_config(cfg.model, run_num_classes(cfg))
+    shared, blocks = frozen_bytes(spec)
+    print(f"building the whole backbone {spec.name!r} once ({(shared + sum(blocks)) / 2**20:.1f} "
+          f"MB of frozen weights) ...", flush=True)
+    started = time.perf_counter()
     data, manifest, sha = publish(spec, Path(args.out))
-    print(f"published {data} ({data.stat().st_size} bytes) and {manifest}")
+    print(f"published {data} ({data.stat().st_size} bytes) and {manifest} in "
+          f"{time.perf_counter() - started:.1f} s")
     print(f'run-config: layered-url="{args.base_url.rstrip("/")}/{manifest.name}" '
           f'layered-sha256="{sha}"')
 
