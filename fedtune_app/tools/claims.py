@@ -626,9 +626,8 @@ def main(argv=None) -> int:
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))
         return 0
-    from flwr.common.config import parse_config_args
-
     from fedtune_app.config import setup_logging
+    from fedtune_app.federated.flower_private import parse_config_args
 
     extra = parse_config_args([args.set]) if args.set else {}
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]

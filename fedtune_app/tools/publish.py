@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flwr.common.config import parse_config_args
-
 from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.model.published_blocks import publish
