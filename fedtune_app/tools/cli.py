@@ -102,11 +102,12 @@ def run(args) -> int:
     home.mkdir(parents=True, exist_ok=True)
     results = Path(args.results).resolve()
     results.mkdir(parents=True, exist_ok=True)
+    run_config = with_results_dir(args.run_config, results, home)
     federation = args.federation_config or \
         f"num-supernodes={supernodes_needed(args.run_config)} client-resources-num-cpus=1"
     command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run", str(app), "--stream",
                "--federation-config", federation,
-               "--run-config", with_results_dir(args.run_config, results, home)]
+               "--run-config", run_config]
     folder, log_path = None, home / "last-run.log"
     try:
         with subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
