@@ -10,12 +10,13 @@ FEDTUNE := $(BIN)/fedtune
 RESULTS ?= $(CURDIR)/results
 
 # Flower writes its state here; no telemetry, no update checks, and never let the SuperLink
-# `uv sync` the app's dependencies from the network (it would pull another torch).
+# `uv sync` the app's dependencies from the network (it would pull another torch). The hub is
+# off unless HF_HUB_OFFLINE is set already (HF_HUB_OFFLINE=0 make run ...: the hub presets).
 export FLWR_HOME := $(CURDIR)/.flwr
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
-export HF_HUB_OFFLINE := 1
+export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_DEDUP_LOGS := 0
 export PATH := $(BIN):$(PATH)

@@ -18,12 +18,14 @@ import argparse
 
 import numpy as np  # noqa: E402
 from flwr.app import Message  # noqa: E402
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from common import save, table
 from fedtune_app.config import app_defaults  # noqa: E402
 from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.flower_private import (
+    TaskIdentity,  # noqa: E402
+    get_all_nested_objects,  # noqa: E402
+)
 from fedtune_app.federated.strategy import ClientInfo, from_record, to_record  # noqa: E402
 from fedtune_app.federated.wire import TrainReply, TrainTask  # noqa: E402
 from fedtune_app.methods import (

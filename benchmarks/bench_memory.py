@@ -76,10 +76,10 @@ def queried_node(run_config: dict, capacity: int):
     """(the client module, the node's Context) of a node as a deployed SuperNode runs it: the
     ClientApp imported the deployed way, the start-up query answered."""
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     import client_app  # noqa: F401 - the deployed import path
     from fedtune_app.apps import client
+    from fedtune_app.federated.flower_private import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     node = {"partition-id": 0, "num-partitions": 2, "capacity": capacity}

@@ -36,10 +36,10 @@ def child(preset: str) -> dict:
     import flwr.clientapp  # noqa: F401
     t1 = time.perf_counter()
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     import client_app  # noqa: F401
     from fedtune_app.apps.client import handle_query, handle_train
+    from fedtune_app.federated.flower_private import TaskIdentity
     t2 = time.perf_counter()
     from fedtune_app.data.scenarios import client_capacities
     from fedtune_app.methods import resolve_config
@@ -91,11 +91,10 @@ def node_context(preset: str, node_config: dict):
 def write_train_message(preset: str, path: Path) -> None:
     """A train message of the full plan, as Flower's protobuf (the message children read)."""
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-    from flwr.common.serde import message_to_proto
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedtune_app.apps.client import recipe_for
     from fedtune_app.data.splits import run_num_classes
+    from fedtune_app.federated.flower_private import TaskIdentity, message_to_proto
     from fedtune_app.federated.strategy import to_record
     from fedtune_app.methods import resolve_config
     from fedtune_app.model.adapters import initial_state, names_for_plan
@@ -117,11 +116,8 @@ def write_train_message(preset: str, path: Path) -> None:
 def message_child(preset: str, message: str, node_config: str) -> dict:
     """What a fresh ``flwr-clientapp`` process does with one train message: import the
     ClientApp, handle (or hand over) the message. Returns the reply's fit seconds."""
-    from flwr.common.serde import message_from_proto
-    from flwr.proto.message_pb2 import Message as MessageProto
-    from flwr.supercore.task_identity import TaskIdentity
-
     from client_app import app  # the deployed import path: the top-level shim
+    from fedtune_app.federated.flower_private import MessageProto, TaskIdentity, message_from_proto
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
     proto = MessageProto()

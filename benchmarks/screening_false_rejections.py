@@ -107,10 +107,9 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="only print the table of the runs recorded before")
     args = parser.parse_args()
-    from flwr.common.config import parse_config_args
-
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.config import setup_logging
+    from fedtune_app.federated.flower_private import parse_config_args
     from fedtune_app.methods import resolve_config
 
     out = ROOT / "benchmarks" / "results" / "screening_false_rejections.json"

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -462,6 +463,17 @@ DERIVED: list = []
 
 class ConfigError(ValueError):
     """A run-config key has a value that is not allowed."""
+
+
+def hub_hint() -> str:
+    """Why a hub download failed, for an error message: the hub switched off (the default of
+    `fedtune run` and `make run`) or no internet, and what gated models need besides."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    where = ("the Hugging Face hub is switched off (HF_HUB_OFFLINE=1, which `fedtune run` and "
+             "`make run` set unless HF_HUB_OFFLINE is already set): with internet access, run "
+             "with HF_HUB_OFFLINE=0" if offline else "a hub download needs internet access")
+    return (f"{where}; gated models (meta-llama/*) also need their licence accepted on "
+            "huggingface.co and a token (`hf auth login`, or HF_TOKEN)")
 
 
 def _coerce(key: str, value: Any) -> Any:

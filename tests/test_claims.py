@@ -221,6 +221,22 @@ def test_a_glob_selects_the_claims_of_the_tier_and_an_id_without_it_is_an_error(
         cl.match_claims(["nope-*"], "cpu")
 
 
+def test_the_paper_tier_reads_each_data_set_from_its_own_folder():
+    """NICO++ and DomainNet runs get their own ``data-dir``; one folder for both is refused."""
+    specs = cl.plan_runs([], "paper", 1, data_dirs={"nico++": "/n", "domainnet": "/d"})
+    by_data = {}
+    for spec in specs:
+        by_data.setdefault(spec.keys["dataset"], set()).add(spec.keys.get("data-dir"))
+    assert by_data["nico++"] == {"/n"} and by_data["domainnet"] == {"/d"}
+    assert by_data.keys() - {"nico++", "domainnet"} and all(
+        v == {None} for k, v in by_data.items() if k not in ("nico++", "domainnet"))
+    with pytest.raises(SystemExit, match="--data-dir domainnet=DIR --data-dir nico"):
+        cl.plan_runs([], "paper", 1, extra={"data-dir": "/both"})
+    with pytest.raises(SystemExit, match="expected DATASET=DIR"):
+        cl.parse_data_dirs(["nico=/n"])
+    assert cl.parse_data_dirs(["nico++=/a=b"]) == {"nico++": "/a=b"}
+
+
 def test_the_gpu_tier_plans_in_a_fresh_process():
     """The GPU tier's presets set method-owned keys (DepthFL's headline): planning it must not
     depend on something else having registered the methods first."""

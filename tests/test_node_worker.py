@@ -55,9 +55,9 @@ def test_the_authkey_file_must_be_private(tmp_path):
 
 def query_message(node_config: dict):
     from flwr.app import Context, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedtune_app.federated import wire
+    from fedtune_app.federated.flower_private import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 1
     context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
@@ -153,9 +153,8 @@ def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path
     """Three messages of one node to one worker (its model, blocks and data kept between them)
     against the same messages handled in process, each by a fresh model as a fresh
     ``flwr-clientapp`` process would (seed 0, plans (0, 2) then (1, 2, 3))."""
-    from flwr.common.serde import recorddict_to_proto
-
     from fedtune_app.apps import client
+    from fedtune_app.federated.flower_private import recorddict_to_proto
     from fedtune_app.methods import resolve_config
 
     proc, sock, key, log = worker

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Error, Message, MessageType, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.server import run_federation
 from fedtune_app.federated import nodes as nodes_module
+from fedtune_app.federated.flower_private import SUPERLINK_NODE_ID, ErrorCode
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid, error_text, match_replies
 from fedtune_app.federated.wire import TrainTask, query_message
 from fedtune_app.methods import resolve_config

@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from fedtune_app.federated import nodes as nodes_module
+from fedtune_app.federated.flower_private import SUPERLINK_NODE_ID, ErrorCode
 from fedtune_app.federated.nodes import (
     ERROR_NAMES,
     ClientInfo,

@@ -24,11 +24,10 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.federated.allocation import prefix_plans, random_plans
+from fedtune_app.federated.flower_private import SUPERLINK_NODE_ID, ErrorCode, TaskIdentity
 from fedtune_app.federated.nodes import NodeSet
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import dp_combine, dp_epsilon, dp_noise_entropy

@@ -5,10 +5,10 @@ and their content holds exactly the named keys, in the order they are sent."""
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
 
 from fedtune_app.apps.inprocess import InProcessGrid
 from fedtune_app.federated import wire
+from fedtune_app.federated.flower_private import message_from_proto, message_to_proto
 from fedtune_app.federated.records import from_record, to_record
 
 

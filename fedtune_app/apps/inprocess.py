@@ -20,10 +20,14 @@ import itertools
 from typing import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
+
+from fedtune_app.federated.flower_private import (
+    SUPERLINK_NODE_ID,
+    ErrorCode,
+    NodeInfo,
+    TaskIdentity,
+)
 
 RUN_ID = 7
 # (message, reply) -> the reply to deliver, None (dropped / timed out), or a list of replies

@@ -34,7 +34,12 @@ from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
-from flwr.common.serde import (
+
+from fedtune_app.config import ConfigError
+from fedtune_app.federated.flower_private import (
+    ContextProto,
+    MessageProto,
+    RecordDictProto,
     context_from_proto,
     context_to_proto,
     message_from_proto,
@@ -42,11 +47,6 @@ from flwr.common.serde import (
     recorddict_from_proto,
     recorddict_to_proto,
 )
-from flwr.proto.message_pb2 import Context as ContextProto
-from flwr.proto.message_pb2 import Message as MessageProto
-from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
-
-from fedtune_app.config import ConfigError
 
 log = logging.getLogger("flwr")
 ADDRESS_KEY, AUTHKEY_KEY = "worker-address", "worker-authkey-file"
@@ -138,9 +138,8 @@ def delegate(kind: str, msg: Message, context: Context) -> Message | None:
 
 # -- the worker's side -----------------------------------------------------------------------
 def handle(kind: str, msg: Message, context: Context) -> RecordDict:
-    from flwr.supercore.task_identity import TaskIdentity
-
     from fedtune_app.apps.client import handle_query, handle_train
+    from fedtune_app.federated.flower_private import TaskIdentity
 
     # a reply Message takes its sender from the task identity, as in a flwr-clientapp process
     TaskIdentity.task_id, TaskIdentity.run_id = 0, context.run_id

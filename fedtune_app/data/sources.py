@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedtune_app.config import ConfigError, DataConfig
+from fedtune_app.config import ConfigError, DataConfig, hub_hint
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -315,9 +315,8 @@ def hugging_face(data: DataConfig) -> Raw:
             loaded = load_dataset(name, data.hf_config or None)
     except Exception as err:  # offline, unknown name, missing config: all the user's to fix
         raise ConfigError(f"run-config key 'hf-dataset' = {name!r} could not be loaded "
-                          f"({err.__class__.__name__}: {str(err)[:200]}); it needs internet "
-                          "access, or a local folder written with "
-                          "DatasetDict.save_to_disk") from None
+                          f"({err.__class__.__name__}: {str(err)[:200]}); {hub_hint()}; or "
+                          "give a local folder written with DatasetDict.save_to_disk") from None
     test_split = data.hf_test_split
     for split in ("train", test_split):
         if split not in loaded:

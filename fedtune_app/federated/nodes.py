@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
 from flwr.app import Message
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 
+from fedtune_app.federated.flower_private import SUPERLINK_NODE_ID, ErrorCode
 from fedtune_app.federated.wire import INFO, NodeAnswer, query_message
 
 log = logging.getLogger("fedtune")

@@ -39,7 +39,7 @@ tensor), with two the median and the trimmed mean are the plain mean of the two:
   mean           example-weighted mean, FedRA Eq. 2 (``aggregation.masked_weighted_mean``)
   median         coordinate-wise median, unweighted, as Flower's FedMedian (Yin et al. 2018)
   trimmed-mean   coordinate-wise mean after cutting the ``trim-beta`` fraction of each tail,
-                 unweighted, with Flower's own ``trim_mean`` (FedTrimmedAvg; Yin et al. 2018);
+                 unweighted, scipy's ``trim_mean`` (Flower's FedTrimmedAvg rule; Yin et al. 2018);
                  int(beta x holders) values are cut per tail, so 3 holders need beta >= 1/3
   clipped-mean   each update clipped to the median of the holders' update norms (FLAME's
                  adaptive bound; with fewer than 3 holders, the median over the clients of
@@ -105,7 +105,7 @@ import secrets
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from scipy.stats import trim_mean
 
 from fedtune_app.config import RobustConfig
 from fedtune_app.federated.aggregation import (
@@ -236,7 +236,7 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         if rule == "median":
             agg = np.median(values, axis=0)
         elif rule == "trimmed-mean":
-            agg = trim_mean(values, robust.trim_beta)
+            agg = trim_mean(values, robust.trim_beta, axis=0)
         elif rule == "clipped-mean":
             bound = median_bound(key, deltas, clip_bounds)
             clipped = [h.sent + h.delta * min(1.0, bound / max(norm(h.delta), 1e-300))

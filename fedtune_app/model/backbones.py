@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedtune_app.config import ConfigError, ModelConfig
+from fedtune_app.config import ConfigError, ModelConfig, hub_hint
 
 MINILM = "all-MiniLM-L6-v2"
 MPNET = "all-mpnet-base-v2"  # installed from registry packages by fedtune_app.model.assets
@@ -408,8 +408,15 @@ def _build(spec: ModelSpec, weights: bool = True) -> LayeredModel:
         import timm
 
         if spec.source == "pretrained" and weights:
-            model = timm.create_model(spec.name, pretrained=True, num_classes=spec.num_classes,
-                                      **kwargs)
+            try:
+                model = timm.create_model(spec.name, pretrained=True,
+                                          num_classes=spec.num_classes, **kwargs)
+            except (OSError, ValueError) as err:  # offline hub, no network, unknown weights
+                raise ConfigError(
+                    f"run-config key 'model' = {spec.name!r} with 'model-source' = "
+                    f"'pretrained': timm could not fetch its weights ({err.__class__.__name__}: "
+                    f"{str(err)[:200]}); {hub_hint()}; or a local checkpoint file as "
+                    "'model-source'") from None
         else:
             try:
                 model = timm.create_model(spec.name, pretrained=False,
@@ -437,9 +444,8 @@ def _build(spec: ModelSpec, weights: bool = True) -> LayeredModel:
         raise ConfigError(
             f"run-config key 'model' = {spec.name!r} is neither a timm model name nor a loadable "
             f"Hugging Face model ({err.__class__.__name__}); e.g. vit_tiny_patch16_224, "
-            f"mixer_b16_224, {MINILM}, {MPNET}, or a local Hugging Face directory; a hub name "
-            "needs internet access (gated models such as meta-llama/*: an accepted licence and "
-            "`hf auth login`)") from None
+            f"mixer_b16_224, {MINILM}, {MPNET}, or a local Hugging Face directory; "
+            f"{hub_hint()}") from None
     hf_config._attn_implementation = "eager"
     # parameters stay float32 ('precision' = bf16 is autocast); transformers would otherwise
     # build a bf16 checkpoint's model (Llama 3.2) in bf16, where small SGD steps vanish

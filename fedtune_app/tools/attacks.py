@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import Message, MessageType
-from flwr.common.config import parse_config_args
 from safetensors.numpy import load_file
 
 from fedtune_app.apps.evaluation import build_global, global_recipe
@@ -53,6 +52,7 @@ from fedtune_app.apps.server import run_federation
 from fedtune_app.config import RobustConfig, RunConfig, setup_logging
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.federated.aggregation import ClientUpdate
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.robust import norm, rms, screen, screen_verdict
 from fedtune_app.federated.wire import ARRAYS, NodeAnswer, TrainReply, TrainTask

@@ -157,15 +157,17 @@ def match_claims(patterns: list[str], tier: str) -> list[Claim]:
 
 def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
               store: Path = STORE, extra: dict | None = None,
-              arms: list[str] | None = None) -> list[RunSpec]:
+              arms: list[str] | None = None, data_dirs: dict | None = None) -> list[RunSpec]:
     """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
     a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed.
     ``arms``: only these arm labels (e.g. the gate's arms of every seed first, or one share of
-    the campaign per process or machine)."""
+    the campaign per process or machine). ``data_dirs``: dataset -> its ``data-dir``, set on the
+    runs of that dataset only (the paper tier reads NICO++ and DomainNet from two folders)."""
     unknown = sorted(set(arms or ()) - set(ARMS))
     if unknown:
         raise SystemExit(f"claims: no arm {', '.join(map(repr, unknown))} (arms: "
                          f"{', '.join(ARMS)})")
+    data_dirs = data_dirs or {}
     runs: dict[str, RunSpec] = {}
     claims = match_claims(list(patterns), tier)
     for priority in sorted({c.priority for c in claims}):
@@ -176,9 +178,32 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
             for setting, arm in pairs:
                 if seed < need[setting, arm] and (not arms or arm in arms):
                     keys = run_config(tier, setting, arm, seed) | (extra or {})
+                    if keys.get("dataset") in data_dirs:
+                        keys["data-dir"] = data_dirs[keys["dataset"]]
                     spec = RunSpec(tier, setting, arm, seed, keys)
                     runs.setdefault(spec.hash, spec)
+    local = sorted({s.keys.get("dataset") for s in runs.values()} & set(LOCAL_DATASETS))
+    if "data-dir" in (extra or {}) and len(local) > 1:
+        raise SystemExit(f"claims: --set data-dir gives one folder to the runs of "
+                         f"{' and '.join(local)}; give each its own: "
+                         + " ".join(f"--data-dir {d}=DIR" for d in local))
     return list(runs.values())
+
+
+# the data sets read from a local 'data-dir' (fedtune_app/data/sources.py)
+LOCAL_DATASETS = ("domainnet", "nico++")
+
+
+def parse_data_dirs(given: list[str]) -> dict[str, str]:
+    """``--data-dir DATASET=DIR`` options -> {dataset: dir}."""
+    out = {}
+    for item in given:
+        name, sep, folder = item.partition("=")
+        if not sep or name not in LOCAL_DATASETS or not folder:
+            raise SystemExit(f"claims: --data-dir {item!r}: expected DATASET=DIR with DATASET "
+                             f"one of {', '.join(LOCAL_DATASETS)}")
+        out[name] = folder
+    return out
 
 
 def git_commit() -> str:
@@ -230,13 +255,14 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
 
 def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
                store: Path = STORE, results: Path = RESULTS, log=print,
-               extra: dict | None = None, arms: list[str] | None = None) -> list[dict]:
+               extra: dict | None = None, arms: list[str] | None = None,
+               data_dirs: dict | None = None) -> list[dict]:
     """Run whatever the claims still need (finished runs are found by hash and skipped), one
     progress bar with an ETA over every round of the runs left; the records of all runs.
-    ``extra``: keys for every run, e.g. {"data-dir": ...} (where the paper tier's data is)."""
+    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
     from fedtune_app.apps.inprocess import progress
 
-    specs = plan_runs(patterns, tier, seeds, store, extra, arms)
+    specs = plan_runs(patterns, tier, seeds, store, extra, arms, data_dirs)
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} runs, {len(specs) - len(todo)} already done, {len(todo)} to run")
@@ -400,8 +426,9 @@ def plot_setting(tier: str, setting_id: str, records: dict, path: Path) -> bool:
 
 
 CONTINUE = {"cpu": "OMP_NUM_THREADS=1 fedtune claims run --tier cpu",
-            "gpu": "fedtune claims run --tier gpu --seeds 3",
-            "paper": "fedtune claims run --tier paper --seeds 3 --set 'data-dir=\"/data/nico\"'"}
+            "gpu": "fedtune claims run --tier gpu",
+            "paper": "fedtune claims run --tier paper --data-dir nico++=/data/nico "
+                     "--data-dir domainnet=/data/domainnet"}
 
 
 def _continue(tier: str) -> str:
@@ -607,8 +634,10 @@ def main(argv=None) -> int:
     run.add_argument("--seeds", type=int, default=None,
                      help="seeds 0..N-1 for every claim (default: each claim's own, 3 or 5)")
     run.add_argument("--set", default="", metavar="'KEY=VALUE ...'",
-                     help="run-config keys for every run, e.g. 'data-dir=\"/data/nico\"' (the "
-                     "paper tier's data) or 'device=\"cuda\"'")
+                     help="run-config keys for every run, e.g. 'device=\"cuda\"'")
+    run.add_argument("--data-dir", action="append", default=[], metavar="DATASET=DIR",
+                     help="the paper tier's data: the folder of one data set, set as 'data-dir' "
+                     "on its runs only, e.g. nico++=/data/nico (repeat for domainnet)")
     run.add_argument("--arms", default="", metavar="LABEL,...",
                      help="only these arms, e.g. 'all-large,all-small' (the gate's) to decide "
                      "a setting's gate first, or a disjoint share per process")
@@ -626,20 +655,22 @@ def main(argv=None) -> int:
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))
         return 0
-    from flwr.common.config import parse_config_args
-
     from fedtune_app.config import setup_logging
+    from fedtune_app.federated.flower_private import parse_config_args
 
     extra = parse_config_args([args.set]) if args.set else {}
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    data_dirs = parse_data_dirs(args.data_dir)
     if args.dry_run:
-        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms):
+        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
+                              data_dirs=data_dirs):
             state = "done" if find_cached(spec) else "todo"
             print(f"{state} {spec.name}")
         return 0
     setup_logging()
     run_claims(args.ids, args.tier, args.seeds,
-               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra, arms=arms)
+               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra, arms=arms,
+               data_dirs=data_dirs)
     if not args.no_report:
         print(write_report())
     return 0

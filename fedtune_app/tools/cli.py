@@ -11,12 +11,14 @@
     fedtune node-worker --address PATH --authkey-file FILE             warm worker of one node
 
 Each subcommand's --help lists its options; `run` sets the Flower environment the Makefile sets
-(FLWR_HOME, no telemetry, no update check, no runtime dependency installation, offline hub).
+(FLWR_HOME, no telemetry, no update check, no runtime dependency installation, offline hub
+unless HF_HUB_OFFLINE is already set: HF_HUB_OFFLINE=0 for the presets that download).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -44,8 +46,10 @@ TOOLS = {
 }
 # What `make` exports for every Flower command (see Makefile): FLWR_HOME is only a default.
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-              "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "HF_HUB_OFFLINE": "1",
+              "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
               "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+# offline hub unless the caller says otherwise: HF_HUB_OFFLINE=0 lets the hub presets download
+DEFAULT_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
 def free_port() -> int:
@@ -55,7 +59,7 @@ def free_port() -> int:
 
 
 def flower_env(app: Path) -> dict[str, str]:
-    env = dict(os.environ) | FLOWER_ENV
+    env = DEFAULT_ENV | dict(os.environ) | FLOWER_ENV
     env.setdefault("FLWR_HOME", str(app / ".flwr"))
     # `flwr run` reuses whatever local SuperLink answers on its fixed ports (39091/39093), even
     # one of another checkout or user: ours gets ports of its own unless they are set
@@ -64,6 +68,31 @@ def flower_env(app: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)  # flwr run starts flower-superlink from PATH
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     return env
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    return repr(value)
+
+
+def with_results_dir(run_config: str, results: Path, home: Path) -> str:
+    """The ``--run-config`` for `flwr run`: ``results-dir`` first, then the user's keys (which
+    win). Flower takes a TOML file only on its own, so a file's keys go into a copy under
+    FLWR_HOME with ``results-dir`` added."""
+    from fedtune_app.federated.flower_private import parse_config_args
+
+    if not run_config.strip().endswith(".toml"):
+        return f'results-dir="{results}" {run_config}'.strip()
+    path = Path(run_config.strip()).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
+    keys = {"results-dir": str(results)} | parse_config_args([str(path)])
+    copy = home / f"run-config-{path.stem}.toml"
+    copy.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
+    return str(copy)
 
 
 class Interrupted(BaseException):
@@ -86,11 +115,12 @@ def run(args) -> int:
     home.mkdir(parents=True, exist_ok=True)
     results = Path(args.results).resolve()
     results.mkdir(parents=True, exist_ok=True)
+    run_config = with_results_dir(args.run_config, results, home)
     federation = args.federation_config or \
         f"num-supernodes={supernodes_needed(args.run_config)} client-resources-num-cpus=1"
     command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run", str(app), "--stream",
                "--federation-config", federation,
-               "--run-config", f'results-dir="{results}" {args.run_config}'.strip()]
+               "--run-config", run_config]
     folder, log_path = None, home / "last-run.log"
     started_folder = None  # the run's results folder, from the ServerApp's first line
     caught: list[int] = []  # the signal that stopped us

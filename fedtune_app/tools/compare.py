@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.common.config import parse_config_args
 
 from fedtune_app.apps.inprocess import progress, run_inprocess
 from fedtune_app.config import ConfigError, parse_int_list, setup_logging
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import METHODS, resolve_config
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import sys
 
 import torch
-from flwr.common.config import parse_config_args
 
 from fedtune_app.apps.evaluation import parameter_counts
 from fedtune_app.config import RunConfig, app_defaults
 from fedtune_app.data.groups import group_config, group_specs
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec
 

@@ -16,9 +16,8 @@ import argparse
 import time
 from pathlib import Path
 
-from flwr.common.config import parse_config_args
-
 from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.model.block_store import frozen_bytes
