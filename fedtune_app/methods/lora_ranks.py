@@ -250,6 +250,9 @@ class RankRecipe(ClientRecipe):
     trained_factors = ("A", "B")
     receives_delta = False  # the server sends ``lora_delta`` (FLoRA, FedEx-LoRA)
     has_delta = False  # the model carries ``lora_delta`` (those, and FlexLoRA's server)
+    # for exports: the delta changes what the model predicts, and no peft module holds it
+    tensor_formulas = {"lora_delta": "W = W0 + lora_delta + (lora_alpha / r) B A"}
+    predicting_tensors = ("lora_delta",)
     gradient_bounds: dict[str, float] = {}  # a method may add a loss term (HetLoRA)
 
     def extend(self, model):
