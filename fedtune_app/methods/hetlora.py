@@ -113,6 +113,9 @@ class HetLoRA(RankStrategy):
 class HetLoRARecipe(RankRecipe):
     """Step 2 on the client: the self-pruning term and the pruning test."""
 
+    # the self-pruning term does not involve the head: its bias's gradient is cross-entropy's
+    gradient_bounds: dict[str, float] = {"head.bias": math.sqrt(2)}
+
     def pruned_norm(self) -> torch.Tensor:
         """sum over the plan's adapted Linears of ||B_p A_p||_F, p the last components."""
         keep = kept_rank(self.rank, self.cfg.own.hetlora_gamma)

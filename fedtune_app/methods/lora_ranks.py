@@ -253,7 +253,6 @@ class RankRecipe(ClientRecipe):
     # for exports: the delta changes what the model predicts, and no peft module holds it
     tensor_formulas = {"lora_delta": "W = W0 + lora_delta + (lora_alpha / r) B A"}
     predicting_tensors = ("lora_delta",)
-    gradient_bounds: dict[str, float] = {}  # a method may add a loss term (HetLoRA)
 
     def extend(self, model):
         """With ``has_delta``, every adapted Linear gets its ``lora_delta`` (zero; frozen),
