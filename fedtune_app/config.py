@@ -292,6 +292,11 @@ class FederationConfig(ConfigPart):
         "its number of examples (the papers' weighting by |D_i|)")
     capacities: str = config_key("6,5,4,3,2,2", help=
         "layers each client can hold, one per partition (comma separated)")
+    ranks: str = config_key("", help=
+        "LoRA rank each client can hold, one per partition like 'capacities' ('8,8,4,4,2,2', "
+        "'4*6'), or one value for all; empty = every client at 'lora-r', the largest rank "
+        "allowed (methods with rank-heterogeneous clients: fedit, hetlora, flexlora, flora; a "
+        "deployed node declares its own with --node-config rank=<r>)")
     missing_layer_policy: str = config_key("keep-previous", choices=(
         "keep-previous", "cover-all"), help=
         "a layer no client held this round: keep its previous value (FedRA Eq. 2) or redraw so "
@@ -335,11 +340,14 @@ class FederationConfig(ConfigPart):
         "TESTS ONLY: clients that misbehave on purpose, e.g. 'raise=1,nan=2' (fault=partition-id; "
         "faults: raise, nan, huge, flip, noise, diverge)")
     capacity_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    rank_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
     capacity_ratio_list: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # parsed once, here
         object.__setattr__(self, "capacity_list",
                            tuple(parse_int_list("capacities", self.capacities)))
+        object.__setattr__(self, "rank_list", tuple(
+            parse_int_list("ranks", self.ranks) if self.ranks.strip() else ()))
         object.__setattr__(self, "capacity_ratio_list", tuple(
             parse_ratio(self.capacity_ratio) if self.capacity_profile == "ratio" else ()))
 
@@ -432,6 +440,7 @@ class RunConfig(ConfigPart):
     fixed_group: int | None = None  # over model groups, the group of every client
     objective: tuple[str, float] = ("plain", 0.0)  # the local objective: (kind, coefficient)
     client_capacities: tuple[int, ...] = ()  # partition i's capacity (``data.scenarios``)
+    client_ranks: tuple[int, ...] = ()  # partition i's LoRA rank (``data.scenarios``)
 
     @classmethod
     def build(cls, flat: Mapping[str, Any]) -> "RunConfig":

@@ -93,10 +93,11 @@ def test_query_and_answer_round_trip_and_keys():
     assert dict(query.content[wire.CONFIG]) == {wire.WANT: wire.WANT_INFO} == {"want": "info"}
     answer = wire.NodeAnswer(partition_id=2, capacity=4, num_examples=120, group="client-2",
                              label_counts=(100, 20), checkpoint_bytes=0, model_group=1,
-                             num_partitions=6, memory_mb=512)
+                             num_partitions=6, memory_mb=512, rank=4)
     info = answer.to_content()[wire.INFO]
     assert list(info) == ["partition-id", "capacity", "num-partitions", "num-examples", "group",
-                          "label-counts", "checkpoint-bytes", "model-group", "memory-mb"]
+                          "label-counts", "checkpoint-bytes", "model-group", "memory-mb",
+                          "rank"]
     assert wire.NodeAnswer.from_message(over_the_wire(
         Message(answer.to_content(), reply_to=query))) == answer
     # an answer from before the optional entries existed still reads, with their defaults

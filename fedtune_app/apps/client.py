@@ -15,12 +15,12 @@ import time
 from dataclasses import replace
 
 import numpy as np
-import torch
 from flwr.app import Context, Message
 
 from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
+from fedtune_app.data.scenarios import check_rank
 from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.records import from_record, to_record
@@ -142,6 +142,18 @@ def node_identity(cfg: RunConfig, node_config: dict) -> tuple[int, int, int]:
     return pid, num, capacities[pid]
 
 
+def node_rank(cfg: RunConfig, node_config: dict) -> int:
+    """This node's LoRA rank: its own declaration (deployment: ``--node-config rank=4``), else
+    key 'ranks' (simulation: ranks[partition-id]), else 'lora-r'."""
+    if "rank" in node_config:
+        rank = node_config_int(node_config, "rank")
+        check_rank(rank, cfg.adapter.lora_r, f"node config rank={rank}")
+        return rank
+    pid = node_config_int(node_config, "partition-id")
+    ranks = cfg.client_ranks
+    return ranks[pid] if pid < len(ranks) else cfg.adapter.lora_r
+
+
 def node_group(cfg: RunConfig, context: Context) -> int | None:
     """This node's model group (None: a single-model run)."""
     pid, num, capacity = node_identity(cfg, context.node_config)
@@ -174,7 +186,8 @@ def handle_query(msg: Message, context: Context) -> Message:
     check_whole_model(cfg, context.node_config)
     answer = NodeAnswer(pid, capacity, len(examples), data_group, tuple(counts.tolist()),
                         fetched, 0 if group is None else group,
-                        int(context.node_config["num-partitions"]), memory_mb)
+                        int(context.node_config["num-partitions"]), memory_mb,
+                        node_rank(cfg, context.node_config))
     return Message(answer.to_content(), reply_to=msg)
 
 
@@ -198,15 +211,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     # the official FedRA code's per-round cap (``fedra-repo-batch-cap``); |D_i| stays the same
     num_examples = len(examples)
     examples = replace(examples, max_batches=task.max_batches)
-    params, loaded = recipe.trainables(model, plan), recipe.received(model, plan)
+    params = recipe.trainables(model, plan)
     received = from_record(task.arrays)
-    if set(received) != set(loaded):
-        raise ValueError(f"server sent {len(received)} tensors, the plan {plan} has "
-                         f"{len(loaded)} tensors to load: "
-                         f"{sorted(set(received) ^ set(loaded))[:3]}")
-    with torch.no_grad():
-        for name, value in received.items():
-            loaded[name].copy_(torch.as_tensor(value))
+    recipe.assign(model, plan, received)
     objective = LocalObjective(cfg)  # FedProx / FedDyn term on top of the method's loss
     objective.begin(params, context)
     recipe.begin(params, context)
@@ -217,8 +224,7 @@ def handle_train(msg: Message, context: Context) -> Message:
                       + objective.penalty(), server_round=round_)
     fit_seconds = time.perf_counter() - fit_started
     objective.end(params, context)
-    updated = after_training(cfg, pid, {n: p.detach().cpu().numpy() for n, p in params.items()}
-                             | recipe.reply(), received, round_)
+    updated = after_training(cfg, pid, recipe.trained(params) | recipe.reply(), received, round_)
     metrics = {FIT_SECONDS: fit_seconds, TRAIN_SECONDS: time.perf_counter() - started,
                CHECKPOINT_BYTES: fetched, **process_stats()}
     return TrainReply(to_record(updated), num_examples, loss, metrics).to_message(msg)

@@ -64,9 +64,40 @@ def client_capacities(run: RunConfig) -> list[int]:
     return list(_ratio_capacities(tuple(capacities), tuple(ratio), n, run.seed))
 
 
-# worked out once per run config: ``RunConfig.client_capacities``
-register_derived(lambda run: dataclasses.replace(
-    run, client_capacities=tuple(client_capacities(run))))
+def client_ranks(run: RunConfig, n: int) -> list[int]:
+    """The LoRA rank of every partition 0..n-1: key 'ranks' (one per client, or one for all),
+    else 'lora-r' for everyone. A rank is a capacity one level down: client i holds the first
+    r_i components of every LoRA it trains (rows of A, columns of B)."""
+    given, top = list(run.federation.rank_list), run.adapter.lora_r
+    if not given:
+        return [top] * n
+    if len(given) == 1:
+        given *= n
+    if len(given) != n:
+        raise ConfigError(f"run-config key 'ranks' = {run.federation.ranks!r} lists {len(given)} "
+                          f"ranks but the capacity profile describes {n} clients; give one per "
+                          "client or one for all")
+    for rank in given:
+        check_rank(rank, top, "run-config key 'ranks'")
+    return given
+
+
+def check_rank(rank: int, top: int, where: str) -> None:
+    """A LoRA rank a client may hold: 1..lora-r (the global LoRA's rank, the largest one)."""
+    if not 1 <= rank <= top:
+        raise ConfigError(f"{where}: rank {rank} is outside 1..{top}; ranks run from 1 to "
+                          f"run-config key 'lora-r' = {top} (raise 'lora-r' to the largest "
+                          "client rank)")
+
+
+def _derive(run: RunConfig) -> RunConfig:
+    capacities = tuple(client_capacities(run))
+    return dataclasses.replace(run, client_capacities=capacities,
+                               client_ranks=tuple(client_ranks(run, len(capacities))))
+
+
+# worked out once per run config: ``RunConfig.client_capacities`` and ``client_ranks``
+register_derived(_derive)
 
 
 def check_scenario(run: RunConfig, num_domains: int | None) -> None:

@@ -18,7 +18,8 @@ asking (the query message) the first time Flower lists the node's id as online. 
   restart whose old instance Flower still lists as online for up to a minute). Two devices
   given the same ``partition-id`` by mistake therefore do not both train: the log names both.
 * A node taking over a known partition must declare it as it was first declared (capacity,
-  number of partitions, examples, model group); otherwise it is refused and the log says why.
+  number of partitions, examples, model group, LoRA rank); otherwise it is refused and the log
+  says why.
 * A partition whose node Flower no longer lists as online sits the round out: no message.
 * A node whose query fails is logged with its own id; at start-up a node whose ClientApp
   raised stops the run (a configuration error), an unreachable one is waited for.
@@ -58,13 +59,15 @@ class ClientInfo:
     checkpoint_bytes: int = 0  # bytes of its one-time checkpoint fetch
     model_group: int = 0  # its model group (0 in a single-model run)
     num_partitions: int = 0  # the number of partitions it declares (0: not reported)
+    rank: int = 0  # the LoRA rank it holds (0: not reported, i.e. 'lora-r')
 
 
 def client_info(node_id: int, info) -> ClientInfo:
     """The ``info`` ConfigRecord of a node's query reply."""
     a = NodeAnswer.from_record(info)
     return ClientInfo(node_id, a.partition_id, a.capacity, a.num_examples, a.group,
-                      a.label_counts, a.checkpoint_bytes, a.model_group, a.num_partitions)
+                      a.label_counts, a.checkpoint_bytes, a.model_group, a.num_partitions,
+                      a.rank)
 
 
 def error_of(reply: Message) -> dict:
@@ -209,7 +212,7 @@ class NodeSet:
             self.events.append(f"node {node} joined with partition {pid}")
             return
         differs = {k: (v, getattr(info, k)) for k, v in asdict(first).items()
-                   if k in ("capacity", "num_partitions", "num_examples", "model_group")
+                   if k in ("capacity", "num_partitions", "num_examples", "model_group", "rank")
                    and v != getattr(info, k)}
         if differs:
             said = ", ".join(f"{k.replace('_', '-')}={new} (was {old})"

@@ -80,6 +80,8 @@ class LayerPlanStrategy(Strategy):
     feddyn_server_step = True
     # its allocation can draw every block k times (key 'min-holders')
     draws_k_cover = False
+    # its clients may hold LoRA of different ranks (key 'ranks', node config 'rank')
+    rank_heterogeneous = False
 
     def __init__(self, cfg: RunConfig, clients: list[ClientInfo], num_layers: int,
                  initial_state: dict[str, np.ndarray]):
@@ -119,17 +121,19 @@ class LayerPlanStrategy(Strategy):
     def aggregate(self, updates: list[ClientUpdate]) -> dict[str, np.ndarray]:
         return self.server_objective(updates, self.combine(updates))
 
-    def combine(self, updates: list[ClientUpdate],
-                keys: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    def combine(self, updates: list[ClientUpdate], keys: dict[str, str] | None = None,
+                state: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The new state by the run's masked aggregator (key 'aggregator'), or DP-FedAvg with
         client-level DP; tensors with the same key share one value (``keys``: name -> key).
-        Every method aggregates its clients' tensors through this."""
+        Every method aggregates its clients' tensors through this. ``state``: the tensors the
+        updates are named after when they are not ``self.state``'s (LoRA rank components)."""
+        state = self.state if state is None else state
         if self.dp:
-            return dp_combine(self.state, updates, self.cfg.robust, self.dp_entropy,
+            return dp_combine(state, updates, self.cfg.robust, self.dp_entropy,
                               self.history[-1].round, keys)
-        reference = (self.recipe.root_update(self.model, self.state, self.history[-1].round)
+        reference = (self.recipe.root_update(self.model, state, self.history[-1].round)
                      if self.cfg.robust.aggregator == "fltrust" else None)
-        return combine(self.state, updates, self.cfg.robust, keys, reference, self.centres)
+        return combine(state, updates, self.cfg.robust, keys, reference, self.centres)
 
     def server_objective(self, updates: list[ClientUpdate],
                          mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -149,6 +153,23 @@ class LayerPlanStrategy(Strategy):
         """Names of the tensors this client gets (a method whose payload depends on the client
         overrides it; model groups: those of its group)."""
         return self.payload(plan)
+
+    def client_tensors(self, client: ClientInfo, plan: Plan) -> dict[str, np.ndarray]:
+        """The tensors this client is sent (default: its payload's global tensors as they are;
+        a client of LoRA rank r gets the first r components of each factor)."""
+        return {n: self.state[n] for n in self.client_payload(client, plan)}
+
+    def expected_reply(self, client: ClientInfo,
+                       sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Name -> the tensor the client's reply is checked against (shape, dtype) and its
+        update measured from: the sent tensors it trains (``reply_names``)."""
+        return {n: sent[n] for n in self.reply_names(client, list(sent))}
+
+    def received_tensors(self, client: ClientInfo,
+                         tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A reply's tensors as the checks and the aggregation take them (default: as they
+        came; HetLoRA: a client that pruned its rank is zero-padded back)."""
+        return tensors
 
     def train_config(self, client: ClientInfo, plan: Plan) -> dict:
         """A method's own entries in the client's train config (the recipe's ``configure``)."""
@@ -272,14 +293,13 @@ class LayerPlanStrategy(Strategy):
         self._sent, self._outbox = {}, []
         messages = []
         for client, plan in zip(clients, plans):
-            payload = {n: self.state[n] for n in self.client_payload(client, plan)}
+            payload = self.client_tensors(client, plan)
             record = to_record(payload)
             entry.plans[client.partition_id] = plan
             entry.capacities[client.partition_id] = client.capacity
             entry.bytes_down += record.count_bytes()
             entry.nodes[client.partition_id] = client.node_id
-            self._sent[client.partition_id] = {n: payload[n]
-                                               for n in self.reply_names(client, list(payload))}
+            self._sent[client.partition_id] = self.expected_reply(client, payload)
             task = TrainTask(record, tuple(plan), server_round, max_batches,
                              self.train_config(client, plan))
             messages.append(task.to_message(client.node_id))
@@ -376,7 +396,7 @@ class LayerPlanStrategy(Strategy):
             return None, None, f"client error: {error_text(reply, client.node_id)}"
         try:  # hostile or broken content: failing to decode it rejects the reply, nothing more
             answer = TrainReply.from_message(reply)
-            tensors = from_record(answer.arrays)
+            tensors = self.received_tensors(client, from_record(answer.arrays))
             num_examples, loss = answer.num_examples, answer.train_loss
         except Exception as err:  # noqa: BLE001 - any decoding failure is the client's fault
             return None, None, f"malformed reply ({err.__class__.__name__}: {err})"

@@ -4,7 +4,7 @@ Two exchanges, both Flower ``Message``s whose content is a ``RecordDict``:
 
 * the start-up **query** (``MessageType.QUERY``): ``config = {want: "info"}``; the node answers
   ``info = {partition-id, capacity, num-partitions, num-examples, group, label-counts,
-  checkpoint-bytes, model-group, memory-mb}`` (``NodeAnswer``);
+  checkpoint-bytes, model-group, memory-mb, rank}`` (``NodeAnswer``);
 * each round's **train task** (``MessageType.TRAIN``): ``arrays`` (the tensors the client
   receives) and ``config = {layers, server-round[, max-batches], <method extras>}``
   (``TrainTask``); the reply holds ``arrays`` (the tensors sent back) and ``metrics =
@@ -38,6 +38,7 @@ LABEL_COUNTS = "label-counts"
 CHECKPOINT_BYTES = "checkpoint-bytes"  # also a train reply's metric
 MODEL_GROUP = "model-group"
 MEMORY_MB = "memory-mb"
+RANK = "rank"
 
 # the train task's config
 LAYERS = "layers"
@@ -71,6 +72,7 @@ class NodeAnswer:
     model_group: int = 0  # its model group (0 in a single-model run)
     num_partitions: int = 0  # the number of partitions it declares (0: not reported)
     memory_mb: int = 0  # the memory its model may use (0: not declared)
+    rank: int = 0  # the LoRA rank it holds (0: not reported; 'lora-r')
 
     def to_content(self) -> RecordDict:
         return RecordDict({INFO: ConfigRecord({
@@ -78,7 +80,7 @@ class NodeAnswer:
             NUM_PARTITIONS: self.num_partitions, NUM_EXAMPLES: self.num_examples,
             GROUP: self.group, LABEL_COUNTS: list(self.label_counts),
             CHECKPOINT_BYTES: self.checkpoint_bytes, MODEL_GROUP: self.model_group,
-            MEMORY_MB: self.memory_mb})})
+            MEMORY_MB: self.memory_mb, RANK: self.rank})})
 
     @classmethod
     def from_record(cls, info) -> NodeAnswer:
@@ -86,7 +88,8 @@ class NodeAnswer:
         return cls(int(info[PARTITION_ID]), int(info[CAPACITY]), int(info[NUM_EXAMPLES]),
                    str(info[GROUP]), tuple(info[LABEL_COUNTS]),
                    int(info.get(CHECKPOINT_BYTES, 0)), int(info.get(MODEL_GROUP, 0)),
-                   int(info.get(NUM_PARTITIONS, 0)), int(info.get(MEMORY_MB, 0)))
+                   int(info.get(NUM_PARTITIONS, 0)), int(info.get(MEMORY_MB, 0)),
+                   int(info.get(RANK, 0)))
 
     @classmethod
     def from_message(cls, msg: Message) -> NodeAnswer:

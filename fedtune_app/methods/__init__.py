@@ -47,6 +47,12 @@ def resolve_config(run_config: dict) -> RunConfig:
     cfg = resolve_client_trains(cfg)
     if method.check is not None:
         method.check(cfg)
+    if cfg.federation.ranks.strip() and not strategy_class(cfg).rank_heterogeneous:
+        raise ConfigError(f"run-config key 'ranks' = {cfg.federation.ranks!r} with method "
+                          f"{cfg.method!r}: its clients all hold LoRA of rank 'lora-r'; methods "
+                          "with clients of different ranks: " + ", ".join(sorted(
+                              m.name for m in METHODS.values() if m.strategy is not None
+                              and m.strategy.rank_heterogeneous)))
     if cfg.federation.min_holders > 1 and not strategy_class(cfg).draws_k_cover:
         raise ConfigError(f"run-config key 'min-holders' = {cfg.federation.min_holders} with "
                           f"method {cfg.method!r}: its allocation is not drawn to cover every "

@@ -91,6 +91,23 @@ class ClientRecipe:
         """Global name -> parameter, for every tensor the server sends (trained or not)."""
         return self.trainables(model, plan)
 
+    def assign(self, model: LayeredModel, plan, received: dict[str, np.ndarray]) -> None:
+        """Copy what the server sent into the model (every tensor of ``received``); a method
+        whose clients hold tensors of another shape (LoRA ranks) or keep some of their own
+        overrides it."""
+        loaded = self.received(model, plan)
+        if set(received) != set(loaded):
+            raise ValueError(f"server sent {len(received)} tensors, the plan {plan} has "
+                             f"{len(loaded)} tensors to load: "
+                             f"{sorted(set(received) ^ set(loaded))[:3]}")
+        with torch.no_grad():
+            for name, value in received.items():
+                loaded[name].copy_(torch.as_tensor(value))
+
+    def trained(self, params: dict[str, nn.Parameter]) -> dict[str, np.ndarray]:
+        """The trained tensors as the client sends them back (after ``fit``)."""
+        return {n: p.detach().cpu().numpy() for n, p in params.items()}
+
     def configure(self, config: dict) -> None:
         """This round's train config (``layers``, ``server-round`` and a method's own entries,
         see ``LayerPlanStrategy.train_config``), before ``trainables``."""
