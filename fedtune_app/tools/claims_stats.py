@@ -219,6 +219,15 @@ def effect_position(paper: float, ours: Interval) -> str:
 
 # ---------------------------------------------------------------- the gate
 
+def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Mean over seeds of (round, value) curves evaluated at the same rounds."""
+    rounds = [r for r, _ in curves[0]]
+    if any([r for r, _ in c] != rounds for c in curves):
+        raise ValueError("curves of one method evaluated at different rounds")
+    values = np.array([[v for _, v in c] for c in curves], dtype=float)
+    return list(zip(rounds, values.mean(0).tolist()))
+
+
 def window_gain(curve: list[tuple[int, float]], fraction: float = FLAT_FRACTION) -> float:
     """One run's (round, value) curve: the mean over its last ``fraction`` of rounds minus the
     mean over the ``fraction`` before (each window: the evaluations whose round falls in it)."""
