@@ -189,3 +189,10 @@ def test_bootstrap_over_test_examples():
     assert cs.bootstrap_se(three, replicates=20000) == pytest.approx(35.3553, rel=0.03)
     with pytest.raises(ValueError, match="different test sets"):
         cs.bootstrap_se([[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b[:3]}}])]])
+
+
+def test_power_where_scipys_noncentral_t_returns_nan():
+    # two seeds (df 1) and a large effect: scipy's nct.cdf(-12.7, 1, 100) is NaN; that tail
+    # lies opposite the noncentrality and holds nothing, the other everything: power 1
+    assert cs.power(100.0, 1.0, 2) == pytest.approx(1.0)
+    assert math.isfinite(cs.detectable(1.0, 2))

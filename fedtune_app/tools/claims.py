@@ -458,7 +458,9 @@ _HASHES: dict = {}
 def _hash_or_none(tier, setting_id, arm, seed, lr=None, tuning=False):
     """The config hash of a (setting, arm, seed) at a rate, None where the arm does not fit the
     setting or the config does not resolve (e.g. a preset this checkout lacks)."""
-    key = (tier, setting_id, arm, seed, lr, tuning)
+    setting = SETTINGS.get(setting_id)  # keyed on what the registry says now (tests change it)
+    key = (tier, setting_id, arm, seed, lr, tuning, repr(setting and setting.tiers.get(tier)),
+           repr(reg.TUNING_KEYS) if tuning else "")
     if key not in _HASHES:
         try:
             keys = (tuning_config(tier, setting_id, arm, seed, lr) if tuning

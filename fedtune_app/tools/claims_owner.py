@@ -1,10 +1,12 @@
 """The owner test of the label-skew (``cpu``) tier: why InclusiveFL collapses there.
 
 Under Dirichlet label skew the one client that holds every block is the only one that trains
-the deepest block, so the full-depth model learns its labels. The test: the same seed of
-``fedra-uneven``, InclusiveFL, once as the tier runs it (capacities 6,5,4,3,2,2: client 0 holds
-all 6 blocks) and once with the 6 blocks given to a client that holds every class (client 5:
-capacities 2,5,4,3,2,6); per class accuracy and each client's labels beside the curves.
+the deepest block, so the full-depth model learns its labels. The test (``OWNER_TEST`` in the
+registry): seed 4 of ``fedra-uneven``, InclusiveFL, once as the tier runs it (capacities
+6,5,4,3,2,2: client 0 holds all 6 blocks) and once with the 6 blocks given to a client that
+holds every class (client 5: capacities 2,5,4,3,2,6); per class accuracy and each client's
+labels beside the curves. It runs in this process (``run_inprocess``): no Ray start-up, no
+SuperLink, the same ServerApp and ClientApp.
 
     python -m fedtune_app.tools.claims_owner     (two runs of a few minutes on one thread)
 
@@ -18,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-SETTING, ARM, SEED = "fedra-uneven", "inclusivefl", 4
-ARRANGEMENTS = {"as the tier runs it (client 0 holds 6 blocks)": "6,5,4,3,2,2",
-                "6 blocks on client 5, which holds every class": "2,5,4,3,2,6"}
+from fedtune_app.tools.claims_registry import OWNER_TEST
 
 
 def owner_test(out: Path | None = None, results: Path | None = None) -> dict:
@@ -31,10 +31,11 @@ def owner_test(out: Path | None = None, results: Path | None = None) -> dict:
 
     out = out or cl.STORE / "label-skew-owner-test.json"
     results = results or cl.RESULTS / "owner-test"
-    summary = {"setting": SETTING, "arm": ARM, "seed": SEED, "commit": cl.git_commit(),
+    setting, arm, seed = OWNER_TEST["setting"], OWNER_TEST["arm"], OWNER_TEST["seed"]
+    summary = {"setting": setting, "arm": arm, "seed": seed, "commit": cl.git_commit(),
                "fingerprint": cl.code_fingerprint(), "runs": []}
-    for label, capacities in ARRANGEMENTS.items():
-        keys = cl.run_config("cpu", SETTING, ARM, SEED) | {"capacities": capacities}
+    for label, capacities in OWNER_TEST["arrangements"].items():
+        keys = cl.run_config("cpu", setting, arm, seed) | {"capacities": capacities}
         started = time.time()
         folder = Path(run_inprocess(keys | {"results-dir": str(results)}))
         metrics = json.loads((folder / "metrics.json").read_text())

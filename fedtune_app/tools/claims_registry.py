@@ -172,6 +172,13 @@ def _tiers(cpu: dict | None, gpu: dict | None, paper: dict | None, groups: bool 
     return out
 
 
+# the label-skew tier's owner test (claims_owner): the seed of fedra-uneven on which InclusiveFL
+# collapses plainest, run as the tier runs it and with the 6 blocks on a client holding every
+# class
+OWNER_TEST = {"setting": "fedra-uneven", "arm": "inclusivefl", "seed": 4, "arrangements": {
+    "as the tier runs it (client 0 holds 6 blocks)": "6,5,4,3,2,2",
+    "6 blocks on client 5, which holds every class": "2,5,4,3,2,6"}}
+
 # the papers' AllLarge / AllSmall (points) beside each setting: FedRA's NICO++ ViT Average, as its
 # claims below quote NICO++; FedBRICK's DomainNet ViT (it reports no AllSmall); HeteroTune's
 # CIFAR-10 Avg (Tables 1 and 5) and GLUE (Table 3)

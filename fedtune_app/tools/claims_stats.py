@@ -156,8 +156,14 @@ def power(effect: float, std: float, n: int, sides: int = 2) -> float:
     noncentral t with n - 1 degrees of freedom and noncentrality effect x sqrt(n) / std."""
     df, nc = n - 1, effect * math.sqrt(n) / std
     crit = float(stats.t.ppf(1 - ALPHA / sides, df))
-    up = float(stats.nct.sf(crit, df, nc))
-    return up + float(stats.nct.cdf(-crit, df, nc)) if sides == 2 else up
+    up = _tail(float(stats.nct.sf(crit, df, nc)), nc > crit)
+    return up + _tail(float(stats.nct.cdf(-crit, df, nc)), nc < -crit) if sides == 2 else up
+
+
+def _tail(p: float, centre_inside: bool) -> float:
+    """scipy's noncentral t returns NaN for a few far tails (e.g. cdf(-12.7, 1, 100)): there
+    the tail holds all of the mass (1) when the noncentrality lies inside it, else none (0)."""
+    return (1.0 if centre_inside else 0.0) if math.isnan(p) else p
 
 
 def detectable(std: float, n: int, direction: str = "greater", power_: float = POWER) -> float:
