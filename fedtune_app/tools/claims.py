@@ -1042,9 +1042,10 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
             lines.append("")
     if tier == "cpu":
         lines += owner_test_section(store)
-    lines += [f"### Claims of tier `{tier}`", ""]
-    for row in rows:
-        lines += claim_section(row, tier, choices)
+    if records or tier in reg.LR_GRID:  # the mini tier shows its plan before any record
+        lines += [f"### Claims of tier `{tier}`", ""]
+        for row in rows:
+            lines += claim_section(row, tier, choices)
     if records:
         lines += [f"### Records of tier `{tier}` and the code that made them", ""]
         lines += older_code_section(tier, records)
