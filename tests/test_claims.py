@@ -117,6 +117,28 @@ def test_a_collapsing_arm_flags_the_verdict(hand_tier):
     assert cs.COLLAPSING in cl._verdict_text(row)
 
 
+def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypatch):
+    """FlexiFed is Homo when the groups' widths differ: such a claim names the one it equals,
+    the report checks their runs are the same, and Holm's family counts it once."""
+    import dataclasses
+
+    twin = dataclasses.replace(cl.CLAIMS["t-a"], id="t-twin", terms=(
+        (1.0, "t-hand", "fedra"), (-1.0, "t-hand", "depthfl")), same_as="t-a",
+        same_reason="hand-made")
+    monkeypatch.setitem(cl.CLAIMS, "t-twin", twin)
+    records = dict(hand_tier)
+    for s in range(3):
+        records["t-hand", "depthfl", s] = dict(records["t-hand", "inclusivefl", s])
+    rows = _rows(records)
+    assert rows["t-twin"]["identical"] is True and "runs identical" in cl._verdict_text(
+        rows["t-twin"])
+    assert rows["t-twin"]["verdict"].verdict == cs.INCONCLUSIVE  # counted under t-a
+    # the family is still t-a and t-b: t-a's adjusted p is twice its own, not three times
+    assert rows["t-a"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)))
+    records["t-hand", "depthfl", 1] = _flat(60.0)
+    assert _rows(records)["t-twin"]["identical"] is False
+
+
 def test_every_cpu_record_keeps_its_config_hash():
     """The label-skew tier's committed records are found again: none of their run configs
     changed (a changed key would orphan a record and rerun it)."""
@@ -327,6 +349,13 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     text = report.read_text()
     assert f"`{smoke_claim.id}`" in text and cs.NOT_CONVERGED in text
     assert f"fedtune claims run {smoke_claim.id} --tier smoke" in text
+    assert "was made by this checkout's code" in text
+    # a record of older code is named by the report
+    path = next((store / "runs" / "smoke").glob("t-smoke__fedra__seed1__*.json"))
+    older = json.loads(path.read_text()) | {"fingerprint": "0123456789ab", "commit": "abc1234"}
+    path.write_text(json.dumps(older))
+    cl.write_report(("smoke",), report, store, readme=None)
+    assert f"commit `abc1234`, fingerprint `0123456789ab`: `{path.name}`" in report.read_text()
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
 
 
