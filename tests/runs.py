@@ -49,3 +49,8 @@ def assert_accuracy_counts_the_test_set(record: dict, cfg: RunConfig) -> None:
     assert abs(correct - round(correct)) < 1e-9 * n, (record["accuracy-pooled"], n)
     by_class = sum(int(k) * record["accuracy-per-class"][str(c)] for c, k in enumerate(counts))
     assert abs(by_class - correct) < 1e-9 * n, (by_class, correct)
+    # which examples were right (the claims' bootstrap reads it): n of them, k right
+    from fedtune_app.apps.evaluation import unpack_correct
+
+    strata = [unpack_correct(v) for v in record["test-correct"].values()]
+    assert sum(len(a) for a in strata) == n and sum(int(a.sum()) for a in strata) == round(correct)

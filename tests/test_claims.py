@@ -9,7 +9,6 @@ t(0.975, 2) = 0.95 / sqrt(0.04875) = 4.302653, t(0.8, 2) = 0.6 / sqrt(0.32) = 1.
 import json
 import math
 
-import numpy as np
 import pytest
 
 from fedtune_app.tools import claims as cl
@@ -37,102 +36,138 @@ def test_interval_of_three_seeds():
         cs.t_interval([1.0, float("nan")])
 
 
-@pytest.mark.parametrize("diffs, direction, margin, expected", [
-    ([4, 5, 6], "greater", 0, cs.REPRODUCED),        # (5 - 2.484, 5 + 2.484) > 0
-    ([-4, -5, -6], "greater", 0, cs.REFUTED),        # wholly below 0
-    ([1, 2, 3], "greater", 0, cs.INCONCLUSIVE),      # (-0.484, 4.484) spans 0
-    ([-1, -2, -3], "within", 5, cs.REPRODUCED),      # (-4.484, 0.484): above -5
-    ([-9, -10, -11], "within", 5, cs.REFUTED),       # (-12.48, -7.52): below -5
-    ([-4, -5, -6], "within", 5, cs.INCONCLUSIVE),    # (-7.48, -2.52) spans -5
-    ([0, 0.5, 1], "similar", 3, cs.REPRODUCED),      # (0.5 -/+ 1.242) inside (-3, 3)
-    ([5, 6, 7], "similar", 3, cs.REFUTED),           # (3.516, 8.484) beyond 3
-    ([1, 2, 3], "similar", 3, cs.INCONCLUSIVE),      # (-0.484, 4.484) crosses 3
-])
-def test_verdicts(diffs, direction, margin, expected):
-    v = cs.verdict(diffs, direction, margin)
-    assert v.verdict == expected
-    mean = float(np.mean(diffs))
-    std = float(np.std(diffs, ddof=1))
-    assert v.difference.low == pytest.approx(mean - T975 * std / math.sqrt(3), rel=1e-9)
+def _flat(value: float, rounds: int = 40, every: int = 4, tail: list | None = None) -> dict:
+    """A hand-made record: evaluated every 4 rounds at ``value`` points (the last evaluations
+    replaced by ``tail``), so its primary metric and window gain are read off by eye."""
+    values = [value] * (rounds // every)
+    if tail:
+        values[-len(tail):] = tail
+    curve = [{"round": every * (i + 1), "accuracy": v / 100} for i, v in enumerate(values)]
+    return {"curve": curve, "final": curve[-1]["accuracy"], "seconds": 1.0,
+            "rejected-replies": 0, "hash": f"h{value}-{tail}", "lr": None}
 
 
-def test_inconclusive_prints_detectable_difference():
-    v = cs.verdict([1.0, 2.0, 3.0])
-    assert v.verdict == cs.INCONCLUSIVE
-    assert v.detectable == pytest.approx((T975 + T80) / math.sqrt(3), rel=1e-9)  # 3.0965
-    assert cs.verdict([2.0]).verdict == cs.INCONCLUSIVE  # one seed: no interval
-    assert cs.REPRODUCED not in cs.verdict([2.0]).verdict
-    with pytest.raises(ValueError, match="margin"):
-        cs.verdict([1.0, 2.0], "similar", 0.0)
-
-
-def _curve(values, every=3):
-    return [(every * (i + 1), v) for i, v in enumerate(values)]
-
-
-def test_gate_flat_and_too_short():
-    flat = [_curve([40, 60, 70, 75, 78, 79, 79.5, 80.0, 80.2, 80.5 + s]) for s in (0, 0.2, 0.4)]
-    g = cs.gate(flat, [50.0, 52.0, 48.0])
-    # mean at 24 = 80.0, mean at 30 = 80.7: gain 0.7 < 1; finals - small = 30.5, 28.7, 32.9
-    assert g.gain_last == pytest.approx(0.7) and g.passed, g.reason
-    rising = [_curve([10, 20, 30, 40, 50, 60, 65, 70, 72, 75 + s]) for s in (0, 1, 2)]
-    short = cs.gate(rising, [20.0, 20.0, 20.0])
-    assert not short.passed and "not flattened" in short.reason  # gained 6 points
-    tied = cs.gate(flat, [80.0, 81.5, 79.0])  # finals - small: 0.5, -0.8, 1.9: spans 0
-    assert not tied.passed and "AllSmall" in tied.reason
-
-
-def test_claim_verdict_is_too_short_when_its_setting_fails_the_gate(monkeypatch):
-    monkeypatch.setitem(SETTINGS, "t-hand", Setting("t-hand", "hand-made", {"cpu": {}}))
-    claim = Claim("t-hand-claim", "FedRA", "Table 1", "x beats y",
-                  ((1.0, "t-hand", "fedra"), (-1.0, "t-hand", "inclusivefl")), "greater", 0.0,
-                  "", 1.0)
-
-    def rec(final, curve=None):
-        points = curve or [(3, final), (6, final)]
-        return {"final": final / 100,
-                "curve": [{"round": r, "accuracy": v / 100} for r, v in points]}
-
+@pytest.fixture
+def hand_tier(monkeypatch):
+    """Tier 't' with one setting and two claims of three seeds each, on hand-made records."""
+    monkeypatch.setitem(SETTINGS, "t-hand", Setting("t-hand", "hand-made", {"t": {}}))
+    a = Claim("t-a", "FedRA", "Table 1", "FedRA beats InclusiveFL",
+              ((1.0, "t-hand", "fedra"), (-1.0, "t-hand", "inclusivefl")), "greater", 0.0,
+              "", 9.0)
+    b = Claim("t-b", "FedRA", "Table 1", "FedRA beats AllSmall",
+              ((1.0, "t-hand", "fedra"), (-1.0, "t-hand", "all-small")), "greater", 0.0,
+              "", 2.0)
+    monkeypatch.setattr(cl, "CLAIMS", {"t-a": a, "t-b": b})
     records = {}
     for s in range(3):
-        records["t-hand", "fedra", s] = rec(60 + s)
-        records["t-hand", "inclusivefl", s] = rec(50 + s)  # +10 every seed: reproduced ...
-        records["t-hand", "all-small", s] = rec(30)
-        records["t-hand", "all-large", s] = rec(70, [(3, 20), (6, 40), (9, 70)])  # ... rising
-    gates = {"t-hand": cl.setting_gate("t-hand", records)}
-    row = cl.evaluate_claim(claim, records, gates)
-    assert row["verdict"].verdict == cs.TOO_SHORT
-    assert row["differences"] == pytest.approx([10.0, 10.0, 10.0])
-    for s in range(3):  # flatten the reference: now the same numbers are a verdict
-        records["t-hand", "all-large", s] = rec(70 + s)
-    gates = {"t-hand": cl.setting_gate("t-hand", records)}
-    assert gates["t-hand"]["status"] == "passed"
-    one_seed = {k: v for k, v in records.items() if k[2] == 0}  # flat, but no interval yet
-    assert cl.setting_gate("t-hand", one_seed)["status"] == cl.PENDING
-    records["t-hand", "inclusivefl", 1] = rec(49.5)  # differences 10, 11.5, 10
-    row = cl.evaluate_claim(claim, records, gates)
-    assert row["verdict"].verdict == cs.REPRODUCED
+        records["t-hand", "fedra", s] = _flat(80.0 + s)
+        records["t-hand", "inclusivefl", s] = _flat(70.0 + 2 * s)  # differences 10, 9, 8
+        records["t-hand", "all-small", s] = _flat(79.0 - s)  # differences 1, 3, 5
+        records["t-hand", "all-large", s] = _flat(90.0)
+    return records
+
+
+def _rows(records):
+    return {r["claim"].id: r for r in cl.evaluate("t", records=records)}
+
+
+def test_verdicts_with_holm_over_the_tier(hand_tier):
+    # t-a: 10, 9, 8: mean 9, s 1, t = 9 sqrt(3), t^2 = 243: p = 1 - sqrt(243 / 245) = 0.0040900
+    # t-b: 1, 3, 5: mean 3, s 2, t = 3 sqrt(3) / 2, t^2 = 6.75: p = 1 - sqrt(6.75 / 8.75)
+    #      = 0.121690. Holm over the two: 2 x 0.00409 = 0.00818 (reproduced), then
+    #      max(0.00818, 1 x 0.12169) = 0.12169 (inconclusive)
+    rows = _rows(hand_tier)
+    a, b = rows["t-a"]["verdict"], rows["t-b"]["verdict"]
+    assert a.p == pytest.approx(1 - math.sqrt(243 / 245), rel=1e-9)
+    assert a.p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)), rel=1e-9)
+    assert b.p_holm == pytest.approx(1 - math.sqrt(6.75 / 8.75), rel=1e-9)
+    assert (a.verdict, b.verdict) == (cs.REPRODUCED, cs.INCONCLUSIVE)
+    # the paper's +9.0 inside ours (9 ± 2.48): consistent; the gap AllLarge - AllSmall is
+    # 11, 12, 13 (mean 12): ours 9 / 12 = +0.75
+    assert cl.effect_text(rows["t-a"]) == (cs.CONSISTENT, "+0.75 (paper n/a)")
+    # detectable with s = 1 over 3 seeds: 3.26 (the noncentral t; test_claims_stats checks it)
+    assert rows["t-a"]["gaps"]["t-hand"][1] is True  # 12 - 2.48 = 9.52 > 3.26
+
+
+def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
+    records = dict(hand_tier)
+    del records["t-hand", "inclusivefl", 2]
+    rows = _rows(records)
+    assert rows["t-a"]["verdict"].verdict == cs.RUNNING  # 2 of 3 seeds
+    # alone in Holm's family now: t-b keeps its own p
+    assert rows["t-b"]["verdict"].p_holm == pytest.approx(1 - math.sqrt(6.75 / 8.75))
+    # a rising arm: rounds 28-40 at 70, 74, 78, 78: gain 78 - 72 = 6 on every seed
+    for s in range(3):
+        records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 78, 78])
+    assert _rows(records)["t-a"]["verdict"].verdict == cs.NOT_CONVERGED
+    # AllLarge within the detectable difference of AllSmall: not discriminative
+    records = dict(hand_tier)
+    for s in range(3):
+        records["t-hand", "all-large", s] = _flat(80.0)  # gap 1, 2, 3: low end 2 - 2.48 < 3.26
+    assert _rows(records)["t-a"]["verdict"].verdict == cs.NOT_DISCRIMINATIVE
+
+
+def test_a_collapsing_arm_flags_the_verdict(hand_tier):
+    records = dict(hand_tier)
+    # InclusiveFL peaks at 95 and ends at 70 + 2s: more than 5 points under its own best
+    for s in range(3):
+        records["t-hand", "inclusivefl", s] = _flat(70.0 + 2 * s, tail=[95] + [70 + 2 * s] * 5)
+    row = _rows(records)["t-a"]
+    assert row["verdict"].verdict == cs.REPRODUCED and "inclusivefl" in row["collapse"]
+    assert cs.COLLAPSING in cl._verdict_text(row)
+
+
+def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypatch):
+    """FlexiFed is Homo when the groups' widths differ: such a claim names the one it equals,
+    the report checks their runs are the same, and Holm's family counts it once."""
+    import dataclasses
+
+    twin = dataclasses.replace(cl.CLAIMS["t-a"], id="t-twin", terms=(
+        (1.0, "t-hand", "fedra"), (-1.0, "t-hand", "depthfl")), same_as="t-a",
+        same_reason="hand-made")
+    monkeypatch.setitem(cl.CLAIMS, "t-twin", twin)
+    records = dict(hand_tier)
+    for s in range(3):
+        records["t-hand", "depthfl", s] = dict(records["t-hand", "inclusivefl", s])
+    rows = _rows(records)
+    assert rows["t-twin"]["identical"] is True and "runs identical" in cl._verdict_text(
+        rows["t-twin"])
+    assert rows["t-twin"]["verdict"].verdict == cs.INCONCLUSIVE  # counted under t-a
+    # the family is still t-a and t-b: t-a's adjusted p is twice its own, not three times
+    assert rows["t-a"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)))
+    records["t-hand", "depthfl", 1] = _flat(60.0)
+    assert _rows(records)["t-twin"]["identical"] is False
+
+
+def test_every_cpu_record_keeps_its_config_hash():
+    """The label-skew tier's committed records are found again: none of their run configs
+    changed (a changed key would orphan a record and rerun it)."""
+    records = cl.load_records("cpu")
+    files = {p.name for p in (cl.STORE / "runs" / "cpu").glob("*.json")}
+    assert files and {r["file"] for r in records.values()} == files
 
 
 def test_setting_table_row_shows_each_model_group_of_a_two_group_method():
     def rec(small, large, seconds):
-        point = {"round": 20, "accuracy": (small + large) / 2, "accuracy-smallest": small,
-                 "accuracy-largest": large}
-        return {"final": point["accuracy"], "curve": [point], "seconds": seconds,
-                "rejected-replies": 0}
+        points = [{"round": r, "accuracy": (small + large) / 2, "accuracy-smallest": small,
+                   "accuracy-largest": large} for r in (4, 8, 12, 16, 20)]
+        return {"final": points[-1]["accuracy"], "curve": points, "seconds": seconds,
+                "rejected-replies": 0, "lr": 0.03}
 
     # seeds: groups 0.6 / 0.2 and 0.7 / 0.3 -> headline 40 and 50; t(0.975, 1) = 12.706, the
-    # half-width 12.706 * s / sqrt(2) with s = 10 / sqrt(2) for each column: 63.53
+    # half-width 12.706 * s / sqrt(2) with s = 10 / sqrt(2) for each column: 63.53. Flat
+    # curves: the last-20% gain is 0 on both seeds (interval 0 ± 0, converged)
     row = cl.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
-    assert row == ("| homo | 2 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, largest "
-                   "25.00 ± 63.53) | 45.00 | +0.00 | 0 | 200 |")
+    assert row == ("| homo | 2 | 45.00 ± 63.53 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, "
+                   "largest 25.00 ± 63.53) | - | 0.00 ± 0.00 ok | +0.00 | 0.03 | 0 | 200 |")
     # one model on every client (AllLarge): both groups' figures are its own, nothing to add
     assert cl.arm_row("all-large", [rec(0.9, 0.9, 10)]) == (
-        "| all-large | 1 | 90.00 (n=1) | 90.00 | +0.00 | 0 | 10 |")
+        "| all-large | 1 | 90.00 (n=1) | 90.00 (n=1) | - | 0.00 (n=1) | +0.00 | 0.03 | 0 | 10 |")
 
 
 # ---------------------------------------------------------------- runs on the smoke preset
 
+SMOKE_LR = 0.2  # conf/smoke.toml's rate (an untuned tier runs its preset's)
 SMOKE = {"preset": "smoke", "num-server-rounds": 2, "screen-updates": False,
          "checkpoint-every": 0}
 
@@ -305,19 +340,134 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert len(executed) == 3  # seed 0 of all-large, all-small, fedra again
     monkeypatch.setitem(SETTINGS, "t-smoke", Setting("t-smoke", "smoke", {"smoke": SMOKE}))
 
-    # the verdict from the stored records, recomputed here from their final accuracies
-    by_arm = {(r["arm"], r["seed"]): 100 * r["final"] for r in records}
+    # the records: which test examples the last evaluations got right, and the code's
+    # fingerprint; the primary metric is their mean, recomputed from the unpacked examples
+    from fedtune_app.apps.evaluation import unpack_correct
+
+    for r in records:
+        assert r["fingerprint"] == cl.code_fingerprint() and r["lr"] == SMOKE_LR
+        windows = [[unpack_correct(v) for v in ev["0"].values()] for ev in r["test-correct"]]
+        assert r["test-examples"] == sum(len(a) for a in windows[-1])
+        # the smoke test set has no domains: one stratum, the headline its mean
+        assert [w[0].mean() for w in windows] == pytest.approx(
+            [p["accuracy"] for p in r["curve"][-len(windows):]], abs=1e-12)
+    by_arm = {(r["arm"], r["seed"]): cl.primary_points(r) for r in records}
     diffs = [by_arm["fedra", s] - by_arm["all-small", s] for s in (0, 1)]
     row = next(r for r in cl.evaluate("smoke", store) if r["claim"].id == smoke_claim.id)
     assert row["seeds"] == [0, 1] and row["differences"] == pytest.approx(diffs)
-    expected = cs.verdict(diffs).verdict
-    gate = cl.setting_gate("t-smoke", cl.load_records("smoke", store))
-    if gate["status"] != "passed":
-        expected = cs.TOO_SHORT
-    assert row["verdict"].verdict == expected
+    # two rounds cannot show the last 20% of rounds flat: no verdict
+    assert row["verdict"].verdict == cs.NOT_CONVERGED
+    err, how = row["test_error"]
+    assert math.isfinite(err) and how == "bootstrap over test examples"
 
     report = tmp_path / "claims.md"
     cl.write_report(("smoke",), report, store, readme=None)
     text = report.read_text()
-    assert f"`{smoke_claim.id}`" in text and expected in text
+    assert f"`{smoke_claim.id}`" in text and cs.NOT_CONVERGED in text
+    assert f"fedtune claims run {smoke_claim.id} --tier smoke" in text
+    assert "was made by this checkout's code" in text
+    # a record of older code is named by the report
+    path = next((store / "runs" / "smoke").glob("t-smoke__fedra__seed1__*.json"))
+    older = json.loads(path.read_text()) | {"fingerprint": "0123456789ab", "commit": "abc1234"}
+    path.write_text(json.dumps(older))
+    cl.write_report(("smoke",), report, store, readme=None)
+    assert f"commit `abc1234`, fingerprint `0123456789ab`: `{path.name}`" in report.read_text()
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- the mini tier and its rates
+
+def _stand_in_presets(monkeypatch):
+    """Until the mini presets exist in a checkout, stand-ins with their shape: a 12-block ViT on
+    the six digit styles (depth methods) and four ViT widths (model groups)."""
+    import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets set
+    from fedtune_app.config import load_preset
+
+    vit = "img_size=16,patch_size=4,in_chans=3,embed_dim={},depth=12,num_heads=2"
+    mini = load_preset("offline-feature-skew") | {"model-source": "random",
+                                                  "model-args": vit.format(32)}
+    groups = {k: v for k, v in load_preset("model-groups-digits").items() if k != "method"} | {
+        "model-source": "random", "model-group-sources": "random", "capacities": "1*10",
+        "model-group-args": ";".join(vit.format(w) for w in (16, 32, 48, 64)),
+        "model-group-ratio": "3:3:2:2"}
+    real = cl.load_preset
+    monkeypatch.setattr(cl, "load_preset", lambda name: {"mini": mini, "mini-groups": groups}
+                        .get(name) or real(name))
+
+
+def test_the_mini_tier_plans_every_claim_with_ten_seeds(monkeypatch):
+    _stand_in_presets(monkeypatch)
+    mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
+    # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5)
+    assert len(mini) == 26 and not any("-t3-" in i and "heterotune" in i for i in mini)
+    specs = cl.plan_runs([], "mini", lr_mode="paper")
+    # distinct runs per seed, counted by hand from the registry: fedra-uneven 9 arms;
+    # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
+    # InclusiveFL, Eq. 3 (AllLarge 12*6 shared); half 6*6: AllSmall, FedRA, InclusiveFL, Eq. 3;
+    # third 4*6: FedRA, InclusiveFL (its AllSmall is mixed's); most 10*6: AllSmall, FedRA,
+    # InclusiveFL; dynamic: its own 4; FedBRICK uneven: FedBRICK, FedRA (AllSmall 4*6 shared);
+    # severe half and third: FedBRICK each (FedRA shared with FedRA's 6*6 and 4*6); model
+    # groups: 8 arms at 3:3:2:2, HeteroTune and Homo at 6:2:1:1 and at 1:1:2:6 (AllLarge and
+    # AllSmall ignore the ratio): 9+4+4+4+2+3+4+2+1+1+8+2+2 = 46
+    assert len(specs) == 46 * 10
+    assert {s.seed for s in specs} == set(range(10))
+    one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
+    assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
+                                     "proxy-for-all-methods")} == {
+        "method": "fedra", "seed": 3, "capacities": "12,10,8,6,4,3", "lr": 0.01,
+        "screen-updates": False, "proxy-for-all-methods": True}
+    small = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "all-small",
+                                                                    0))
+    assert small.keys["capacities"] == "3*6"  # every client on the smallest depth, 3 of 12
+    dyn = next(s for s in specs if (s.setting, s.arm) == ("fedra-dynamic", "all-small"))
+    assert dyn.keys["all-small-layers"] == 3 and dyn.keys["dynamic-capacities"] is True
+    # tuned rates are the default: before any tuning run, planning says what to do first
+    with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
+        cl.plan_runs([], "mini")
+
+
+def test_rate_rule_highest_validation_mean_ties_to_the_smaller():
+    assert cl.choose_rate({0.01: 61.0, 0.1: 70.5, 0.2: 70.5}) == 0.1  # a tie: the smaller
+    assert cl.choose_rate({0.01: 61.0, 0.1: 70.504, 0.2: 70.496}) == 0.1  # equal to 0.01
+    assert cl.choose_rate({0.01: 71.0, 0.1: 70.5}) == 0.01
+
+
+def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim):
+    """Tuning runs stored as records; each arm's rate by the rule, the claim runs at it."""
+    from fedtune_app.apps.results import write_json
+
+    monkeypatch.setitem(cl.reg.LR_GRID, "smoke", (0.01, 0.1, 0.2))
+    # a stand-in for the validation split's key: any key that sets tuning runs apart
+    monkeypatch.setattr(cl.reg, "TUNING_KEYS", {"eval-every": 1})
+    (tmp_path / "tuning" / "smoke").mkdir(parents=True)
+    specs = cl.plan_tuning([smoke_claim.id], "smoke")
+    assert len(specs) == 3 * 3 * 2  # arms x rates x tuning seeds
+    assert {s.seed for s in specs} == set(cl.reg.TUNING_SEEDS)
+    assert all(s.keys["eval-every"] == 1 for s in specs)
+    # validation curves (3 evaluations, primary = their mean = v): the peak at round 2
+    value = {("fedra", 0.01): (60, 62), ("fedra", 0.1): (70, 71), ("fedra", 0.2): (70.5, 70.5),
+             ("all-small", 0.01): (50, 50), ("all-small", 0.1): (40, 42),
+             ("all-small", 0.2): (10, 10), ("all-large", 0.01): (80, 80),
+             ("all-large", 0.1): (85, 85), ("all-large", 0.2): (84, 84)}
+    for spec in specs:
+        v = value[spec.arm, spec.keys["lr"]][spec.seed - cl.reg.TUNING_SEEDS[0]]
+        if (spec.arm, spec.keys["lr"], spec.seed) == ("all-large", 0.2, 1001):
+            continue  # one tuning run missing: no choice for AllLarge yet
+        curve = [{"round": r, "accuracy": a / 100} for r, a in ((1, v - 1), (2, v + 1), (3, v))]
+        write_json(tmp_path / "tuning" / "smoke" / f"{spec.name}.json",
+                   {"hash": spec.hash, "curve": curve, "final": v / 100})
+    rates = cl.tuned_rates("smoke", tmp_path)
+    fedra = rates["t-smoke", "fedra"]
+    # means 61, 70.5, 70.5: the tie goes to 0.1
+    assert fedra.lr == 0.1 and fedra.means == pytest.approx({0.01: 61, 0.1: 70.5, 0.2: 70.5})
+    assert fedra.best_round == 2
+    assert rates["t-smoke", "all-small"].lr == 0.01
+    assert rates["t-smoke", "all-large"].lr is None  # 0.2 has one of two seeds
+    assert rates["t-smoke", "all-large"].seeds == {0.01: 2, 0.1: 2, 0.2: 1}
+    with pytest.raises(SystemExit, match="no learning rate chosen yet"):
+        cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path)
+    runs = cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path, arms=["fedra", "all-small"])
+    assert {(s.arm, s.keys["lr"]) for s in runs} == {("fedra", 0.1), ("all-small", 0.01)}
+    assert {(s.arm, s.keys["lr"]) for s in cl.plan_runs(
+        [smoke_claim.id], "smoke", store=tmp_path, lr_mode="paper")} == {
+        ("fedra", 0.01), ("all-small", 0.01), ("all-large", 0.01)}

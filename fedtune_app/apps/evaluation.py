@@ -25,10 +25,13 @@ class GlobalEvaluator:
     Groups: the test set's domains when it has them (accuracy on each domain's test examples);
     otherwise one group per client, whose accuracy is the test accuracy re-weighted to that
     client's label distribution (the global model's accuracy on data distributed like the
-    client's). ``accuracy`` is the papers' headline: the mean over the domains when the test set
-    has domains (FedRA's and FedBRICK's "Average"), else the accuracy over all test examples;
-    ``accuracy-pooled`` is always the latter. A method whose global model has more than one
-    output (DepthFL: ensemble and last exit) also reports ``accuracy-<output>`` (headline)."""
+    client's). ``test-correct``: which test examples the headline output got right, per domain
+    (``pack_correct``; one stratum "all" without domains), for a bootstrap over test examples
+    (``claims_stats.bootstrap_se``). ``accuracy`` is the papers' headline: the mean over the
+    domains when the test set has domains (FedRA's and FedBRICK's "Average"), else the accuracy
+    over all test examples; ``accuracy-pooled`` is always the latter. A method whose global
+    model has more than one output (DepthFL: ensemble and last exit) also reports
+    ``accuracy-<output>`` (headline)."""
 
     def __init__(self, cfg: RunConfig, model, clients: list[ClientInfo], recipe=None):
         self.cfg, self.model, self.clients = cfg, model, clients
@@ -45,6 +48,14 @@ class GlobalEvaluator:
             return {}
         domains = self.test.domains.numpy()
         return {name: float(correct[domains == d].mean())
+                for d, name in enumerate(self.domain_names) if (domains == d).any()}
+
+    def strata(self, correct: np.ndarray) -> dict[str, str]:
+        """Domain name (or "all") -> its test examples' correctness, packed."""
+        if self.test.domains is None:
+            return {"all": pack_correct(correct)}
+        domains = self.test.domains.numpy()
+        return {name: pack_correct(correct[domains == d])
                 for d, name in enumerate(self.domain_names) if (domains == d).any()}
 
     def headline(self, correct: np.ndarray) -> float:
@@ -74,7 +85,18 @@ class GlobalEvaluator:
                 "matthews-corr": float(matthews_corrcoef(labels, preds)),
                 "accuracy-per-group": groups,
                 "accuracy-per-class": dict(zip(map(str, range(len(per_class))),
-                                               np.nan_to_num(per_class).tolist()))} | extra
+                                               np.nan_to_num(per_class).tolist())),
+                "test-correct": self.strata(correct)} | extra
+
+
+def pack_correct(correct: np.ndarray) -> str:
+    """0/1 per example as "n:hex" (8 examples a byte): a few hundred characters per thousand."""
+    return f"{len(correct)}:{np.packbits(np.asarray(correct, dtype=bool)).tobytes().hex()}"
+
+
+def unpack_correct(text: str) -> np.ndarray:
+    n, bits = text.split(":")
+    return np.unpackbits(np.frombuffer(bytes.fromhex(bits), dtype=np.uint8))[:int(n)]
 
 
 def global_recipe(cfg: RunConfig):
@@ -114,7 +136,7 @@ class GroupedEvaluator:
     their accuracies over all test examples), with ``accuracy-smallest`` /
     ``accuracy-largest`` (groups are listed smallest first), ``accuracy-per-model-group``, and
     every group's Table-2 parameter counts (``params-per-model-group``).
-    ``accuracy-per-class``: the largest group's."""
+    ``accuracy-per-class``: the largest group's; ``test-correct``: each group's."""
 
     def __init__(self, cfg: RunConfig, model: GroupedModel, clients, recipe: GroupedRecipe):
         used = sorted({c.model_group for c in clients})
@@ -141,4 +163,5 @@ class GroupedEvaluator:
                 "accuracy-per-group": {f"{g}/{k}": v for g, m in per.items()
                                        for k, v in m["accuracy-per-group"].items()},
                 "accuracy-per-class": per[last]["accuracy-per-class"],
+                "test-correct": {str(g): m["test-correct"] for g, m in per.items()},
                 "params-per-model-group": self.counts}

@@ -1,22 +1,26 @@
-"""Verdicts on the papers' claims: paired seeds, converged runs, confidence intervals.
+"""Verdicts on the papers' claims: paired seeds, a statistical plan fixed in the registry.
 
-    fedtune claims list [--tier cpu]                       the registry (claims_registry.py)
-    fedtune claims run [ID|GLOB ...] --tier cpu [--seeds N] run what is missing, resumable
-    fedtune claims report                                   docs/claims.md + curves, seconds
+    fedtune claims list [--tier mini]                         the registry (claims_registry.py)
+    fedtune claims tune [ID|GLOB ...] --tier mini             each arm's rate, on validation
+    fedtune claims run [ID|GLOB ...] --tier mini [--lr paper] run what is missing, resumable
+    fedtune claims report                                     docs/claims.md + curves, seconds
 
 ``run`` runs every (setting, arm, seed) the named claims need (all claims of the tier, in the
 campaign's priority order, when none is named) through the real ServerApp and ClientApp in this
 process (``run_inprocess``), seed-major within a priority block, so an interrupted campaign has
-whole paired seeds. Each finished run leaves one small JSON file (its curve and final metrics)
-in ``docs/claims/runs/<tier>/``, named by the hash of its resolved run config: a run whose
-config hash is already there is reused, on this machine or another (commit the files), and a
-changed key runs again. ``report`` only reads those files: per setting the convergence gate and
-one PNG of the curves (mean over seeds with a 95% band), per claim the paper's numbers, ours
-(mean ± 95% Student-t interval per arm), the paired difference with its interval and the
-verdict (``claims_stats``).
+whole paired seeds. Each finished run leaves one small JSON record (its curve, which test
+examples its last evaluations got right, the code fingerprint) in ``docs/claims/runs/<tier>/``,
+named by the hash of its resolved run config: a run whose config hash is already there is
+reused, on this machine or another (commit the files), and a changed key runs again.
+
+On a tier with a learning-rate grid (``LR_GRID``: ``mini``) ``tune`` first runs every arm of
+every setting at each rate of the grid on the tuning seeds, evaluated on the validation split,
+into ``docs/claims/tuning/<tier>/``; the rule fixed in the registry (``LR_RULE``) picks each
+arm's rate from those records, and ``run`` uses it (``--lr paper``: the papers' 0.01 instead,
+whose verdicts the report shows beside). ``report`` only reads the records (``claims_stats``).
 
 Notebook use: ``list_claims()``, ``plan_runs(ids, tier, seeds)``, ``run_claims(ids, tier,
-seeds)``, ``evaluate(tier)`` (one dict per claim) and ``write_report()``.
+seeds)``, ``tuned_rates(tier)``, ``evaluate(tier)`` (one dict per claim) and ``write_report()``.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from fedtune_app.config import KEYS, load_preset, parse_int_list
+from fedtune_app.tools import claims_registry as reg
 from fedtune_app.tools import claims_stats as cs
 from fedtune_app.tools.claims_registry import (
     ARMS,
@@ -43,20 +50,21 @@ from fedtune_app.tools.claims_registry import (
     SETTINGS,
     Claim,
     claim_arms,
+    claim_seeds,
     claim_settings,
     tiers_of,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-STORE = ROOT / "docs" / "claims"  # runs/<tier>/*.json (committed), <tier>-<setting>.png
+STORE = ROOT / "docs" / "claims"  # runs/<tier>/*.json, tuning/<tier>/*.json (committed), PNGs
 REPORT = ROOT / "docs" / "claims.md"
 README = ROOT / "README.md"  # its verdict table sits between these two lines
 README_BEGIN, README_END = "<!-- claims-table: begin -->", "<!-- claims-table: end -->"
 RESULTS = ROOT / "results" / "claims"  # the runs' full results folders (not committed)
-TIERS = ("cpu", "gpu", "paper")
+TIERS = ("mini", "cpu", "gpu", "paper")  # the report's order: the papers' design first
+LR_MODES = ("tuned", "paper")
 MAX_SEEDS = 10  # the report looks for seeds 0..MAX_SEEDS-1
-PENDING = "pending (one seed)"  # a gate with a flat reference but no interval yet
-DEPTH = {"cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones (AllLarge's plan)
+DEPTH = {"mini": 12, "cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones
 # keys that change where or how often a run writes, not what it computes
 BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset", "device",
                "data-workers", "eval-batch-size", "round-timeout", "min-nodes", "checkpoint-dir",
@@ -70,6 +78,7 @@ class RunSpec:
     arm: str
     seed: int
     keys: dict  # the run config given to the run
+    folder: str = "runs"  # runs: a claim's; tuning: a learning-rate tuning run's
 
     @property
     def key(self) -> dict:
@@ -81,13 +90,16 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.setting}__{self.arm}__seed{self.seed}__{self.hash}"
+        lr = f"__lr{self.keys['lr']:g}" if self.folder == "tuning" else ""
+        return f"{self.setting}__{self.arm}__seed{self.seed}{lr}__{self.hash}"
 
 
-def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
+def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
+               lr: float | None = None) -> dict:
     """The run config of one arm of one setting on one seed (a preset is expanded, so every
-    given key counts). AllLarge and AllSmall ignore the capacity list but for its length and
-    its minimum: they get it canonical, so every setting with the same data shares their runs."""
+    given key counts); ``lr``: the arm's rate on a tier that tunes it (None: the tier's own).
+    AllLarge and AllSmall ignore the capacity list but for its length and its minimum: they get
+    it canonical, so every setting with the same data shares their runs."""
     import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets may set
 
     setting, arm = SETTINGS[setting_id], ARMS[arm_label]
@@ -98,6 +110,8 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
     preset = keys.pop("preset", "")
     keys = (load_preset(preset) if preset else {}) | keys | arm.keys | arm.tier_keys.get(tier, {})
     keys |= {"method": arm.method, "seed": seed}
+    if lr is not None:
+        keys["lr"] = lr
     plain_list = (keys.get("capacity-profile", "list") == "list"
                   and not keys.get("dynamic-capacities") and not keys.get("model-groups"))
     if plain_list and arm.method in ("all-large", "all-small"):
@@ -105,6 +119,11 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int) -> dict:
         depth = DEPTH[tier] if arm.method == "all-large" else min(caps)
         keys["capacities"] = f"{depth}*{len(caps)}"
     return keys
+
+
+def tuning_config(tier: str, setting_id: str, arm_label: str, seed: int, lr: float) -> dict:
+    """A tuning run: the arm at one rate of the grid, evaluated on the validation split."""
+    return run_config(tier, setting_id, arm_label, seed, lr) | reg.TUNING_KEYS
 
 
 def run_key(keys: dict) -> dict:
@@ -126,7 +145,7 @@ def config_hash(keys: dict) -> str:
 
 
 def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
-    hits = sorted((store / "runs" / spec.tier).glob(f"*__{spec.hash}.json"))
+    hits = sorted((store / spec.folder / spec.tier).glob(f"*__{spec.hash}.json"))
     return json.loads(hits[0].read_text()) if hits else None
 
 
@@ -155,29 +174,57 @@ def match_claims(patterns: list[str], tier: str) -> list[Claim]:
     return sorted(chosen, key=lambda c: (c.priority, list(CLAIMS).index(c.id)))
 
 
+def tier_pairs(claims: list[Claim]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys(p for c in claims for p in claim_arms(c)))
+
+
+def arm_rates(tier: str, pairs, lr_mode: str = "tuned", store: Path = STORE) -> dict:
+    """(setting, arm) -> the rate its claim runs use: None on a tier without a grid (its own
+    keys' rate), the papers' 0.01 with ``lr_mode='paper'``, else the tuned choice (missing
+    where the tuning runs are not all in)."""
+    if lr_mode not in LR_MODES:
+        raise SystemExit(f"claims: --lr {lr_mode!r}: expected one of {', '.join(LR_MODES)}")
+    if tier not in reg.LR_GRID:
+        return {p: None for p in pairs}
+    if lr_mode == "paper":
+        return {p: reg.PAPER_LR for p in pairs}
+    choices = tuned_rates(tier, store, pairs)
+    return {p: choices[p].lr for p in pairs if choices[p].lr is not None}
+
+
 def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
               store: Path = STORE, extra: dict | None = None,
-              arms: list[str] | None = None, data_dirs: dict | None = None) -> list[RunSpec]:
+              arms: list[str] | None = None, lr_mode: str = "tuned",
+              data_dirs: dict | None = None) -> list[RunSpec]:
     """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
     a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed.
+    ``seeds``: 0..seeds-1 for every claim (default: each claim's fixed count on the tier).
     ``arms``: only these arm labels (e.g. the gate's arms of every seed first, or one share of
-    the campaign per process or machine). ``data_dirs``: dataset -> its ``data-dir``, set on the
-    runs of that dataset only (the paper tier reads NICO++ and DomainNet from two folders)."""
-    unknown = sorted(set(arms or ()) - set(ARMS))
-    if unknown:
-        raise SystemExit(f"claims: no arm {', '.join(map(repr, unknown))} (arms: "
-                         f"{', '.join(ARMS)})")
+    the campaign per process or machine). On a tier that tunes rates, each arm runs at its
+    chosen rate (``lr_mode='paper'``: at 0.01); an arm not tuned yet is an error.
+    ``data_dirs``: dataset -> its ``data-dir``, set on the runs of that dataset only (the paper
+    tier reads NICO++ and DomainNet from two folders)."""
+    _check_arms(arms)
     data_dirs = data_dirs or {}
     runs: dict[str, RunSpec] = {}
     claims = match_claims(list(patterns), tier)
+    rates = arm_rates(tier, tier_pairs(claims), lr_mode, store)
+    untuned = [p for p in tier_pairs(claims) if p not in rates and (not arms or p[1] in arms)]
+    if untuned:
+        raise SystemExit(f"claims: no learning rate chosen yet for {len(untuned)} arm(s) of tier "
+                         f"{tier!r} (e.g. {untuned[0][1]} in {untuned[0][0]}): run `fedtune "
+                         f"claims tune --tier {tier}` first, or `--lr paper` for the papers' "
+                         "0.01")
     for priority in sorted({c.priority for c in claims}):
         block = [c for c in claims if c.priority == priority]
-        pairs = list(dict.fromkeys(p for c in block for p in claim_arms(c)))
-        need = {p: max((seeds or c.seeds) for c in block if p in claim_arms(c)) for p in pairs}
+        pairs = tier_pairs(block)
+        need = {p: max((seeds or claim_seeds(c, tier)) for c in block if p in claim_arms(c))
+                for p in pairs}
         for seed in range(max(need.values())):
             for setting, arm in pairs:
                 if seed < need[setting, arm] and (not arms or arm in arms):
-                    keys = run_config(tier, setting, arm, seed) | (extra or {})
+                    keys = run_config(tier, setting, arm, seed, rates[setting, arm])
+                    keys |= extra or {}
                     if keys.get("dataset") in data_dirs:
                         keys["data-dir"] = data_dirs[keys["dataset"]]
                     spec = RunSpec(tier, setting, arm, seed, keys)
@@ -206,6 +253,95 @@ def parse_data_dirs(given: list[str]) -> dict[str, str]:
     return out
 
 
+def _check_arms(arms) -> None:
+    unknown = sorted(set(arms or ()) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"claims: no arm {', '.join(map(repr, unknown))} (arms: "
+                         f"{', '.join(ARMS)})")
+
+
+# ---------------------------------------------------------------- learning rates
+
+@dataclass(frozen=True)
+class RateChoice:
+    """One arm's rate in one setting: ``means`` (rate -> mean primary metric on validation over
+    the tuning seeds in, points), ``lr`` by the registry's rule once every rate has every tuning
+    seed (else None), ``best_round``: the round of the chosen rate's highest mean validation
+    curve (the report reads the claim runs' test accuracy there)."""
+
+    lr: float | None
+    means: dict = field(default_factory=dict)
+    seeds: dict = field(default_factory=dict)  # rate -> tuning seeds in
+    best_round: int | None = None
+
+
+def choose_rate(means: dict) -> float:
+    """``LR_RULE``: the highest mean; means equal to 0.01 points go to the smaller rate."""
+    rounded = {lr: round(m, 2) for lr, m in means.items()}
+    top = max(rounded.values())
+    return min(lr for lr, m in rounded.items() if m == top)
+
+
+def plan_tuning(patterns: list[str] = (), tier: str = "mini",
+                arms: list[str] | None = None) -> list[RunSpec]:
+    """Every tuning run the claims need: each (setting, arm) at each rate of the grid on each
+    tuning seed, seed-major."""
+    if tier not in reg.LR_GRID:
+        raise SystemExit(f"claims: tier {tier!r} has no learning-rate grid (tiers that tune: "
+                         f"{', '.join(reg.LR_GRID)}); it runs {reg.PAPER_LR:g} untuned")
+    _check_arms(arms)
+    runs: dict[str, RunSpec] = {}
+    pairs = tier_pairs(match_claims(list(patterns), tier))
+    for seed in reg.TUNING_SEEDS:
+        for setting, arm in pairs:
+            if arms and arm not in arms:
+                continue
+            for lr in reg.LR_GRID[tier]:
+                spec = RunSpec(tier, setting, arm, seed,
+                               tuning_config(tier, setting, arm, seed, lr), "tuning")
+                runs.setdefault(spec.hash, spec)
+    return list(runs.values())
+
+
+def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
+    """(setting, arm) -> ``RateChoice`` from the stored tuning records, by the registry's rule."""
+    by_hash = _records_by_hash(store / "tuning" / tier)
+    pairs = pairs if pairs is not None else tier_pairs(
+        [c for c in CLAIMS.values() if tier in tiers_of(c)])
+    out = {}
+    for setting, arm in pairs:
+        runs = {lr: [by_hash[h] for seed in reg.TUNING_SEEDS
+                     if (h := _hash_or_none(tier, setting, arm, seed, lr, tuning=True)) in by_hash]
+                for lr in reg.LR_GRID[tier]}
+        means = {lr: float(np.mean([primary_points(r) for r in rs])) for lr, rs in runs.items()
+                 if rs}
+        complete = all(len(rs) == len(reg.TUNING_SEEDS) for rs in runs.values())
+        lr = choose_rate(means) if complete else None
+        best = None
+        if lr is not None:
+            curve = cs.mean_curve([curve_points(r) for r in runs[lr]])
+            best = max(curve, key=lambda point: point[1])[0]
+        out[setting, arm] = RateChoice(lr, means, {k: len(v) for k, v in runs.items()}, best)
+    return out
+
+
+def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STORE,
+                results: Path = RESULTS, log=print, arms: list[str] | None = None) -> dict:
+    """Run the tuning runs still missing; write ``tuning/<tier>-rates.json`` (each arm's rate
+    and validation means) and return the choices."""
+    specs = plan_tuning(patterns, tier, arms)
+    _run_specs(specs, store, results, log, "tuning")
+    choices = tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
+    from fedtune_app.apps.results import write_json
+
+    write_json(store / "tuning" / f"{tier}-rates.json", {
+        "rule": reg.LR_RULE, "grid": list(reg.LR_GRID[tier]), "seeds": list(reg.TUNING_SEEDS),
+        "rates": {f"{s} {a}": {"lr": c.lr, "best-round": c.best_round,
+                               "validation-means": {f"{k:g}": v for k, v in c.means.items()}}
+                  for (s, a), c in choices.items()}})
+    return choices
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
@@ -214,10 +350,28 @@ def git_commit() -> str:
         return "unknown"
 
 
-def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str) -> dict:
-    """The small record of a finished run: its curve, final metrics and rejected replies."""
+def code_fingerprint(root: Path = ROOT) -> str:
+    """A hash of the code a run executes: every Python source of the package but its tools
+    (which plan, store and report runs; what a run computes is in its config hash), by
+    content, so a checkout of the same code on another machine has the same fingerprint."""
+    digest = hashlib.sha256()
+    package = root / "fedtune_app"
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("tools/"):
+            continue
+        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
+                  fingerprint: str | None = None) -> dict:
+    """The small record of a finished run: its curve, final metrics, rejected replies, which test
+    examples its last evaluations got right, and the fingerprint of the code that ran it."""
+    from fedtune_app.apps.evaluation import unpack_correct
+
     metrics = json.loads((folder / "metrics.json").read_text())
-    curve = []
+    curve, correct = [], []
     for m in metrics:
         if m["accuracy"] is None:
             continue
@@ -225,74 +379,102 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str) -> d
         point |= {k: v for k, v in m.items()
                   if k.startswith("accuracy") and isinstance(v, (int, float))}
         curve.append(point)
-    return {"tier": spec.tier, "setting": spec.setting, "arm": spec.arm, "seed": spec.seed,
-            "hash": spec.hash, "run-key": spec.key, "curve": curve,
-            "final": curve[-1]["accuracy"],
-            "rejected-replies": sum(len(m.get("rejected") or ()) for m in metrics),
-            "seconds": round(seconds, 1), "rounds": len(metrics),
-            "commit": commit, "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC",
-                                                              time.gmtime())}
+        correct.append(m.get("test-correct"))
+    record = {"tier": spec.tier, "setting": spec.setting, "arm": spec.arm, "seed": spec.seed,
+              "hash": spec.hash, "run-key": spec.key, "lr": spec.keys.get("lr"), "curve": curve,
+              "final": curve[-1]["accuracy"],
+              "rejected-replies": sum(len(m.get("rejected") or ()) for m in metrics),
+              "seconds": round(seconds, 1), "rounds": len(metrics),
+              "commit": commit, "fingerprint": fingerprint or code_fingerprint(),
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    window = correct[-cs.LAST_EVALUATIONS:]
+    if window and all(window):  # the primary metric's evaluations, example by example
+        record["test-correct"] = [_by_group(c) for c in window]
+        first = next(iter(record["test-correct"][0].values()))
+        record["test-examples"] = sum(len(unpack_correct(v)) for v in first.values())
+    return record
+
+
+def _by_group(correct: dict) -> dict:
+    """{stratum: packed} (one model) or {group: {stratum: packed}} -> the latter."""
+    return correct if isinstance(next(iter(correct.values())), dict) else {"0": correct}
 
 
 def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
-            commit: str | None = None) -> dict:
-    """Run one (setting, arm, seed) in this process and store its record; ``commit``: the
-    code this process loaded (HEAD may move while a campaign runs)."""
+            commit: str | None = None, fingerprint: str | None = None) -> dict:
+    """Run one (setting, arm, seed) in this process and store its record; ``commit`` and
+    ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs)."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
 
     commit = commit or git_commit()
     started = time.time()
     folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier)}))
-    record = summarize_run(spec, folder, time.time() - started, commit)
+    record = summarize_run(spec, folder, time.time() - started, commit, fingerprint)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
                                    else folder)
-    out = store / "runs" / spec.tier
+    out = store / spec.folder / spec.tier
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{spec.name}.json", record)
     return record
 
 
-def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
-               store: Path = STORE, results: Path = RESULTS, log=print,
-               extra: dict | None = None, arms: list[str] | None = None,
-               data_dirs: dict | None = None) -> list[dict]:
-    """Run whatever the claims still need (finished runs are found by hash and skipped), one
-    progress bar with an ETA over every round of the runs left; the records of all runs.
-    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
+def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str) -> list[dict]:
     from fedtune_app.apps.inprocess import progress
 
-    specs = plan_runs(patterns, tier, seeds, store, extra, arms, data_dirs)
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
-    log(f"claims: {len(specs)} runs, {len(specs) - len(todo)} already done, {len(todo)} to run")
-    commit = git_commit()
-    with progress([s.keys for s in todo], "claims"):
+    log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
+        f"{len(todo)} to run")
+    commit, fingerprint = git_commit(), code_fingerprint()
+    with progress([s.keys for s in todo], what):
         for i, spec in enumerate(todo, 1):
-            record = execute(spec, results, store, commit)
+            record = execute(spec, results, store, commit, fingerprint)
             done[spec.hash] = record
-            log(f"claims: run {i}/{len(todo)} {spec.setting} {spec.arm} seed {spec.seed}: "
-                f"accuracy {100 * record['final']:.2f}% in {record['seconds']:.0f} s, "
-                f"{record['rejected-replies']} replies rejected")
+            lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
+            log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
+                f"{spec.seed}{lr}: accuracy {100 * record['final']:.2f}% in "
+                f"{record['seconds']:.0f} s, {record['rejected-replies']} replies rejected")
     return [done[s.hash] for s in specs]
 
 
-# ---------------------------------------------------------------- evaluation and report
+def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
+               store: Path = STORE, results: Path = RESULTS, log=print,
+               extra: dict | None = None, arms: list[str] | None = None,
+               lr_mode: str = "tuned", data_dirs: dict | None = None) -> list[dict]:
+    """Run whatever the claims still need (finished runs are found by hash and skipped), one
+    progress bar with an ETA over every round of the runs left; the records of all runs.
+    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
+    specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs)
+    return _run_specs(specs, store, results, log, "claims")
 
-def load_records(tier: str, store: Path = STORE) -> dict[tuple[str, str, int], dict]:
-    """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
-    (a setting shares the runs of another with the same keys)."""
-    by_hash = {}
-    for path in sorted((store / "runs" / tier).glob("*.json")):
+
+# ---------------------------------------------------------------- records and evaluation
+
+def _records_by_hash(folder: Path) -> dict[str, dict]:
+    out = {}
+    for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
-        by_hash[record["hash"]] = record
+        record["file"] = path.name
+        out[record["hash"]] = record
+    return out
+
+
+def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned"
+                 ) -> dict[tuple[str, str, int], dict]:
+    """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
+    (a setting shares the runs of another with the same keys), at each arm's rate."""
+    by_hash = _records_by_hash(store / "runs" / tier)
     out = {}
     if not by_hash:
         return out
-    pairs = {p for c in CLAIMS.values() if tier in tiers_of(c) for p in claim_arms(c)}
+    pairs = tier_pairs([c for c in CLAIMS.values() if tier in tiers_of(c)])
+    rates = arm_rates(tier, pairs, lr_mode, store)
     for setting_id, arm in sorted(pairs):
+        if (setting_id, arm) not in rates:
+            continue  # not tuned yet
         for seed in range(MAX_SEEDS):
-            spec_hash = _hash_or_none(tier, setting_id, arm, seed)
+            spec_hash = _hash_or_none(tier, setting_id, arm, seed, rates[setting_id, arm])
             if spec_hash in by_hash:
                 out[setting_id, arm, seed] = by_hash[spec_hash]
     return out
@@ -301,69 +483,189 @@ def load_records(tier: str, store: Path = STORE) -> dict[tuple[str, str, int], d
 _HASHES: dict = {}
 
 
-def _hash_or_none(tier, setting_id, arm, seed):
-    """The config hash of a (setting, arm, seed), None where the arm does not fit the setting."""
-    key = (tier, setting_id, arm, seed)
+def _hash_or_none(tier, setting_id, arm, seed, lr=None, tuning=False):
+    """The config hash of a (setting, arm, seed) at a rate, None where the arm does not fit the
+    setting or the config does not resolve (e.g. a preset this checkout lacks)."""
+    setting = SETTINGS.get(setting_id)  # keyed on what the registry says now (tests change it)
+    key = (tier, setting_id, arm, seed, lr, tuning, repr(setting and setting.tiers.get(tier)),
+           repr(reg.TUNING_KEYS) if tuning else "")
     if key not in _HASHES:
         try:
-            _HASHES[key] = config_hash(run_config(tier, setting_id, arm, seed))
+            keys = (tuning_config(tier, setting_id, arm, seed, lr) if tuning
+                    else run_config(tier, setting_id, arm, seed, lr))
+            _HASHES[key] = config_hash(keys)
         except Exception:  # an arm that does not fit the setting (e.g. HeteroTune, one model)
             _HASHES[key] = None
     return _HASHES[key]
 
 
-def _points(record: dict, metric: str = "accuracy") -> float:
-    return 100 * record["final"] if metric == "accuracy" else 100 * record["curve"][-1][metric]
+def curve_points(record: dict, metric: str = "accuracy") -> list[tuple[int, float]]:
+    return [(p["round"], 100 * p[metric]) for p in record["curve"]]
 
 
-def setting_gate(setting_id: str, records: dict) -> dict:
-    """The convergence gate of a setting from its reference and AllSmall runs alone."""
-    setting = SETTINGS[setting_id]
-    seeds = sorted(s for (st, a, s) in records if st == setting_id and a == setting.reference
-                   and (setting_id, setting.small, s) in records)
+def primary_points(record: dict, metric: str = "accuracy") -> float:
+    """The primary metric of a run in points: the mean of its last three evaluations."""
+    return cs.primary([v for _, v in curve_points(record, metric)])
+
+
+def final_points(record: dict, metric: str = "accuracy") -> float:
+    return curve_points(record, metric)[-1][1]
+
+
+def best_points(record: dict, metric: str = "accuracy") -> float:
+    """Its best evaluation on the test set: only the collapse flag reads it."""
+    return max(v for _, v in curve_points(record, metric))
+
+
+def setting_gap(setting_id: str, records: dict) -> tuple[cs.Interval | None, list[int]]:
+    """AllLarge - AllSmall (primary metric, paired over the seeds both have)."""
+    st = SETTINGS[setting_id]
+    seeds = [s for s in range(MAX_SEEDS) if (setting_id, st.reference, s) in records
+             and (setting_id, st.small, s) in records]
     if not seeds:
-        return {"status": cs.NOT_RUN, "seeds": []}
-    ref = [records[setting_id, setting.reference, s] for s in seeds]
-    curves = [[(p["round"], 100 * p["accuracy"]) for p in r["curve"]] for r in ref]
-    small = [_points(records[setting_id, setting.small, s]) for s in seeds]
-    g = cs.gate(curves, small)
-    status = "passed" if g.passed else cs.TOO_SHORT
-    if len(seeds) < 2 and g.gain_last < cs.FLAT_POINTS:  # flat so far, no interval yet
-        status = PENDING
-    return {"status": status, "gate": g, "seeds": seeds}
+        return None, []
+    gaps = [primary_points(records[setting_id, st.reference, s])
+            - primary_points(records[setting_id, st.small, s]) for s in seeds]
+    return cs.t_interval(gaps), seeds
 
 
-def evaluate_claim(claim: Claim, records: dict, gates: dict) -> dict:
+def _label(claim: Claim, setting: str, arm: str) -> str:
+    return f"{arm} ({setting})" if len(claim_settings(claim)) > 1 else arm
+
+
+def _unpacked(record: dict) -> list[dict]:
+    from fedtune_app.apps.evaluation import unpack_correct
+
+    return [{g: {s: unpack_correct(v) for s, v in strata.items()} for g, strata in ev.items()}
+            for ev in record["test-correct"]]
+
+
+def test_set_error(claim: Claim, tier: str, records: dict, seeds: list[int]) -> tuple:
+    """(standard error in points, how): a bootstrap over test examples where every run of the
+    claim recorded them, else the binomial bound on the tier's test-set size, else NaN."""
+    runs = [[(c, records[st, a, s]) for c, st, a in claim.terms] for s in seeds]
+    if all("test-correct" in r for seed_terms in runs for _, r in seed_terms):
+        return cs.bootstrap_se([[(c, _unpacked(r)) for c, r in seed_terms]
+                                for seed_terms in runs]), "bootstrap over test examples"
+    n = reg.TEST_EXAMPLES.get(tier)
+    if n is None:
+        return math.nan, ""
+    means = [np.mean([primary_points(records[st, a, s]) for s in seeds]) / 100
+             for _, st, a in claim.terms]
+    return (cs.binomial_se(means, [c for c, _, _ in claim.terms], n),
+            f"binomial bound on {n} test examples (these records keep no per-example results)")
+
+
+def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None) -> dict:
+    """A claim's numbers and its verdict before Holm's adjustment (``evaluate`` adjusts)."""
+    need = claim_seeds(claim, tier)
     settings = claim_settings(claim)
-    seeds = [s for s in range(MAX_SEEDS)
-             if all((st, a, s) in records for _, st, a in claim.terms)]
-    per_arm = {}
-    for _, st, a in claim.terms:
-        vals = [_points(records[st, a, s], claim.metric) for s in seeds]
-        if vals:
-            per_arm[f"{a} ({st})" if len(settings) > 1 else a] = cs.t_interval(vals)
-    row = {"claim": claim, "seeds": seeds, "per_arm": per_arm,
-           "gates": {st: gates[st] for st in settings}}
+    seeds = [s for s in range(need) if all((st, a, s) in records for _, st, a in claim.terms)]
+    row = {"claim": claim, "tier": tier, "seeds": seeds, "need": need, "per_arm": {},
+           "testable": False, "differences": [], "convergence": {}, "gaps": {}, "collapse": {}}
     if not seeds:
         row["verdict"] = cs.Verdict(cs.NOT_RUN)
         return row
-    diffs = [sum(c * _points(records[st, a, s], claim.metric) for c, st, a in claim.terms)
+    for _, st, a in claim.terms:
+        rs = [records[st, a, s] for s in seeds]
+        choice = (rates or {}).get((st, a))
+        selected = None
+        if choice is not None and choice.best_round is not None:
+            at = [dict(curve_points(r)).get(choice.best_round) for r in rs]
+            selected = (choice.best_round, float(np.mean(at))) if None not in at else None
+        row["per_arm"][_label(claim, st, a)] = {
+            "primary": cs.t_interval([primary_points(r) for r in rs]),
+            "final": cs.t_interval([final_points(r) for r in rs]),
+            "selected": selected, "lr": rs[0].get("lr")}
+        small = [records.get((st, SETTINGS[st].small, s)) for s in seeds]
+        if a != SETTINGS[st].small and None not in small:
+            why = cs.collapse([final_points(r) for r in rs], [best_points(r) for r in rs],
+                              [final_points(r) for r in small])
+            if why:
+                row["collapse"][_label(claim, st, a)] = why
+        try:
+            row["convergence"][_label(claim, st, a)] = cs.arm_convergence(
+                [curve_points(r) for r in rs])
+        except ValueError as e:  # too few evaluations for the two windows
+            row["convergence"][_label(claim, st, a)] = (False, str(e))
+    diffs = [sum(c * primary_points(records[st, a, s]) for c, st, a in claim.terms)
              for s in seeds]
-    v = cs.verdict(diffs, claim.direction, claim.margin)
-    gate_status = [gates[st]["status"] for st in settings]
-    if cs.TOO_SHORT in gate_status:
-        v = cs.Verdict(cs.TOO_SHORT, v.difference, v.detectable, "convergence gate failed")
-    elif cs.NOT_RUN in gate_status or PENDING in gate_status:
-        v = cs.Verdict(cs.INCONCLUSIVE, v.difference, v.detectable, "gate not decided yet")
-    row["verdict"], row["differences"] = v, diffs
+    ci = cs.t_interval(diffs, cs.interval_for(claim.direction))
+    detect = cs.detectable(ci.std, need, claim.direction)
+    row |= {"differences": diffs, "test_error": test_set_error(claim, tier, records, seeds)}
+    for st in settings:
+        gap, gap_seeds = setting_gap(st, records)
+        row["gaps"][st] = (gap, cs.discriminates(gap, detect) if gap else None, gap_seeds)
+    p = cs.p_value(diffs, claim.direction, claim.margin)
+    verdict, reason = None, ""
+    unconverged = [a for a, (ok, _) in row["convergence"].items() if ok is False]
+    blind = [st for st, (_, ok, _) in row["gaps"].items() if ok is False]
+    if len(seeds) < need:
+        verdict, reason = cs.RUNNING, f"{len(seeds)} of {need} seeds"
+    elif unconverged:
+        verdict, reason = cs.NOT_CONVERGED, ", ".join(unconverged)
+    elif blind:
+        verdict, reason = cs.NOT_DISCRIMINATIVE, (
+            "AllLarge - AllSmall does not exceed the detectable difference in "
+            + ", ".join(blind))
+    elif any(ok is None for _, ok, _ in row["gaps"].values()):
+        verdict, reason = cs.RUNNING, "AllLarge / AllSmall not all in"
+    elif claim.same_as:
+        verdict, reason = cs.INCONCLUSIVE, f"same as {claim.same_as}: counted there"
+    else:
+        row["testable"] = True
+    row["verdict"] = cs.Verdict(verdict or cs.INCONCLUSIVE, ci, p, math.nan, detect, reason,
+                                tuple(f"{a}: {w}" for a, w in row["collapse"].items()))
     return row
 
 
-def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None) -> list[dict]:
-    """One row per claim of the tier: per-arm intervals, the paired difference, the verdict."""
-    records = load_records(tier, store) if records is None else records
-    gates = {st: setting_gate(st, records) for st in SETTINGS if tier in SETTINGS[st].tiers}
-    return [evaluate_claim(c, records, gates) for c in CLAIMS.values() if tier in tiers_of(c)]
+def _identical(claim: Claim, records: dict, seeds: list[int]) -> bool | None:
+    """For a claim marked ``same_as``: are its runs the other claim's, evaluation for
+    evaluation, on every seed both have?"""
+    other = CLAIMS[claim.same_as]
+    mine = [(st, a) for _, st, a in claim.terms]
+    theirs = [(st, a) for _, st, a in other.terms]
+    pairs = [(m, t) for m, t in zip(mine, theirs) if m != t]
+    if not seeds or any((*p, s) not in records for m, t in pairs for p in (m, t) for s in seeds):
+        return None
+    return all(records[(*m, s)]["curve"] == records[(*t, s)]["curve"]
+               for m, t in pairs for s in seeds)
+
+
+def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
+             lr_mode: str = "tuned") -> list[dict]:
+    """One row per claim of the tier with its verdict: Holm's adjustment over the claims that
+    reached a test (all seeds in, converged, discriminative, not a duplicate)."""
+    records = load_records(tier, store, lr_mode) if records is None else records
+    claims = [c for c in CLAIMS.values() if tier in tiers_of(c)]
+    rates = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
+    rows = [evaluate_claim(c, tier, records, rates) for c in claims]
+    adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["testable"] else math.nan
+                        for r in rows})
+    for row in rows:
+        v, c = row["verdict"], row["claim"]
+        if row["testable"]:
+            decided = cs.decide(row["differences"], c.direction, c.margin, adjusted[c.id])
+            v = cs.Verdict(decided, v.difference, v.p, adjusted[c.id], v.detectable, v.reason,
+                           v.flags)
+        row["verdict"] = v
+        if c.same_as:
+            row["identical"] = _identical(c, records, row["seeds"])
+    return rows
+
+
+def effect_text(row: dict) -> tuple[str, str]:
+    """(where the paper's difference lies against ours, ours / gap beside the paper's ratio)."""
+    c, v = row["claim"], row["verdict"]
+    if v.difference is None or v.difference.n < 2:
+        return "-", "-"
+    position = cs.effect_position(c.paper_difference, v.difference)
+    st = SETTINGS[claim_settings(c)[0]]
+    gap = row["gaps"].get(st.id, (None,))[0]
+    ours = f"{v.difference.mean / gap.mean:+.2f}" if gap and gap.mean else "-"
+    paper = (f"{c.paper_difference / (st.paper_large - st.paper_small):+.2f}"
+             if st.paper_large is not None and st.paper_small is not None else "n/a")
+    return position, f"{ours} (paper {paper})"
 
 
 def _ci(iv: cs.Interval | None) -> str:
@@ -374,17 +676,19 @@ def _ci(iv: cs.Interval | None) -> str:
     return f"{iv.mean:.2f} ± {iv.half_width:.2f}"
 
 
+def _p(p: float) -> str:
+    return "-" if not math.isfinite(p) else f"{p:.3g}" if p >= 1e-4 else "<1e-4"
+
+
 def _verdict_text(row: dict) -> str:
-    v, claim = row["verdict"], row["claim"]
-    text = v.verdict
-    if v.verdict == cs.INCONCLUSIVE and math.isfinite(v.detectable):
-        text += f" (detectable: {v.detectable:.1f} points)"
-    if v.reason and v.verdict != cs.INCONCLUSIVE:
+    v = row["verdict"]
+    text = f"**{v.verdict}**"
+    if v.reason:
         text += f" ({v.reason})"
-    elif v.reason and not math.isfinite(v.detectable):
-        text += f" ({v.reason})"
-    if v.verdict != cs.NOT_RUN and len(row["seeds"]) < claim.seeds:
-        text += f"; partial: {len(row['seeds'])} of {claim.seeds} seeds"
+    if v.flags and v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE):
+        text += f"; {cs.COLLAPSING}"
+    if row["claim"].same_as and row.get("identical") is not None:
+        text += "; runs identical" if row["identical"] else "; runs differ"
     return text
 
 
@@ -425,7 +729,8 @@ def plot_setting(tier: str, setting_id: str, records: dict, path: Path) -> bool:
     return True
 
 
-CONTINUE = {"cpu": "OMP_NUM_THREADS=1 fedtune claims run --tier cpu",
+CONTINUE = {"mini": "fedtune claims tune --tier mini && fedtune claims run --tier mini",
+            "cpu": "OMP_NUM_THREADS=1 fedtune claims run --tier cpu",
             "gpu": "fedtune claims run --tier gpu",
             "paper": "fedtune claims run --tier paper --data-dir nico++=/data/nico "
                      "--data-dir domainnet=/data/domainnet"}
@@ -435,16 +740,37 @@ def _continue(tier: str) -> str:
     return CONTINUE.get(tier, f"fedtune claims run --tier {tier}")
 
 
+def _grid(tier: str) -> str:
+    return ", ".join(f"{x:g}" for x in reg.LR_GRID[tier])
+
+
+TIER_TITLE = {"mini": "the papers' design in miniature",
+              "cpu": "label skew, a setting the papers did not run",
+              "gpu": "the papers' depth on real weights", "paper": "the papers' own presets"}
 TIER_TEXT = {
-    "cpu": "all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News: "
-           f"{CPU_BASE['train-subset']} training articles (stratified subset of the fixed 80/20 "
-           "split; 5% of them held out as FedBRICK's server proxy for every method) over 6 "
-           "clients with Dirichlet(0.5) label skew, the whole test split (445 articles), "
+    "mini": "The papers' design in miniature: a 12-block ViT pretrained offline (a stand-in for "
+            "the papers' ImageNet weights, which no package here ships) on six domains, one "
+            "client per domain and every class on every client (FedRA's and FedBRICK's feature "
+            "skew), the papers' capacity profiles unscaled (12,10,8,6,4,3; 6*6; 4*6; 10*6; "
+            "10,10,6,6,4,4; U[1,12] each round with AllSmall on 3; FedBRICK's 12,10,8,6,5,4), "
+            "AllLarge and AllSmall as the papers define them: presets `conf/mini.toml` (depth "
+            "methods) and `conf/mini-groups.toml` (HeteroTune's model groups: ViTs of several "
+            "widths pretrained the same way, on the same domains). "
+            f"{reg.TIER_SEEDS['mini']} paired seeds per claim. Each arm's rate is chosen once per "
+            "setting on the validation split carved from the training pool "
+            f"(`evaluation-split = \"validation\"`) from {{{_grid('mini')}}} on seeds "
+            f"{', '.join(map(str, reg.TUNING_SEEDS))} (no claim uses them): {reg.LR_RULE}.",
+    "cpu": "Label skew, a setting the papers did not run (they ran feature skew: every client "
+           "holds every class). all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on "
+           f"BBC News: {CPU_BASE['train-subset']} training articles (stratified subset of the "
+           "fixed 80/20 split; 5% of them held out as FedBRICK's server proxy for every method) "
+           "over 6 clients with Dirichlet(0.5) label skew, the whole test split (445 articles), "
            f"{CPU_BASE['max-length']} tokens, batch {CPU_BASE['batch-size']}, 1 local epoch, SGD "
            "lr 0.01 (momentum 0.9, weight decay 1e-5, clip 10) for every method: the papers' own "
-           "rate, never tuned, with more rounds than the main job's short 0.05 run "
-           f"({CPU_BASE['num-server-rounds']} rounds, evaluated every "
-           f"{CPU_BASE['eval-every']}). Capacity shapes of each table scaled from 12 to 6 "
+           "rate, never tuned, "
+           f"{CPU_BASE['num-server-rounds']} rounds, evaluated every "
+           f"{CPU_BASE['eval-every']} (the rounds were chosen by a pilot read on the test set). "
+           "Capacity shapes of each table scaled from 12 to 6 "
            "blocks (each setting says how). The model-group (HeteroTune) settings: "
            f"{CPU_GROUPS['model-groups'].replace(';', ' + ')} on the same articles, "
            f"Dirichlet({CPU_GROUPS['dirichlet-alpha']}) label skew (at least "
@@ -465,14 +791,46 @@ TIER_TEXT = {
              "`data-dir`, CIFAR-10 from the hub for HeteroTune. Needs the data, the hub and a GPU.",
 }
 
+HOW_TO_READ = (
+    "How to read it. Every method of a claim runs on the same seeds; a seed fixes the partition, "
+    "the training subset, the allocation and capacity draws, the client sampling and the "
+    "initial adapters for all of them, so each seed gives one paired difference (claimed side "
+    "minus the other). The statistical plan is fixed in `fedtune_app/tools/claims_registry.py` "
+    "before any run: each claim's seed count (no verdict, only **running**, until all are in), "
+    "its direction and margin (with the margin's reason), the learning-rate grid and rule. "
+    f"**Primary metric**: the mean of a run's last {cs.LAST_EVALUATIONS} evaluations; the final "
+    "round and the round chosen on the validation split (tuned tiers) are shown beside it, never "
+    "the best round on the test set. **Tests** (scipy), each at "
+    f"alpha = {cs.ALPHA:g}: 'greater' a two-sided paired t-test with its 95% interval; 'within "
+    "m' (non-inferiority) and 'similar within m' (equivalence, two one-sided tests) one-sided, "
+    "with 90% intervals; the **Holm** column adjusts the p-values of the tier's claims that "
+    f"reached a test (family-wise error {cs.ALPHA:g}), and a verdict (**reproduced** / "
+    "**refuted**) needs the adjusted p below it, else **inconclusive**. **Detectable**: the "
+    f"smallest difference (for 'within' / 'similar': margin) the claim's seeds establish with "
+    f"{cs.POWER:.0%} power at the observed spread, from the exact noncentral t "
+    "(`scipy.stats.nct`). **Effect size**: whether the paper's difference lies inside our "
+    "interval (consistent), above it (ours smaller) or below it (ours larger); and the "
+    "difference over the setting's AllLarge - AllSmall gap beside the paper's same ratio (n/a "
+    "where the paper reports no AllSmall). **The gate**, in three parts: (1) every arm "
+    "converged: per seed the mean over the last 20% of rounds minus the mean over the 20% "
+    f"before, its 95% interval's upper end below {cs.FLAT_POINTS:g} point, else **not "
+    "converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% interval, lower "
+    "end) above the claim's detectable difference, else **setting not discriminative**; (3) an "
+    "arm whose final evaluation is below AllSmall's, or more than "
+    f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**. "
+    "**Test-set error**: a seed redraws the training data, not the test set, so the test set's "
+    "own sampling error is shown beside the seeds' spread: a bootstrap over test examples where "
+    "the records keep which examples each run got right, else the binomial bound "
+    "sqrt(sum p (1 - p) / n). " + METRIC_NOTE)
 
-def arm_row(arm: str, rs: list[dict]) -> str:
-    """One arm's row of a setting's table: final accuracy over its seeds, with DepthFL's ensemble
-    or, for a method that trains both model groups, each group's own model beside it (their
-    mean, the headline, can hide one group that learnt nothing)."""
-    finals = cs.t_interval([100 * r["final"] for r in rs])
-    best = max(sum(100 * r["curve"][i]["accuracy"] for r in rs) / len(rs)
-               for i in range(min(len(r["curve"]) for r in rs)))
+
+def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
+    """One arm's row of a setting's table: the primary metric over its seeds and its final
+    round, with DepthFL's ensemble or, for a method that trains several model groups, the
+    smallest and largest group's own model beside it (their mean, the headline, can hide one
+    group that learnt nothing); the validation-chosen round, the convergence window, the rate."""
+    prim = cs.t_interval([primary_points(r) for r in rs])
+    finals = cs.t_interval([final_points(r) for r in rs])
     secs = sum(r["seconds"] for r in rs) / len(rs)
     last = [r["curve"][-1] for r in rs]
 
@@ -486,10 +844,160 @@ def arm_row(arm: str, rs: list[dict]) -> str:
             p["accuracy-smallest"] != p["accuracy-largest"] for p in last):
         finals_text += (f" (smallest model {final_of('accuracy-smallest')}, "
                         f"largest {final_of('accuracy-largest')})")
-    fell = finals.mean - best  # a method that falls from its best round diverges
-    return (f"| {arm} | {len(rs)} | {finals_text} | {best:.2f} | "
-            f"{fell:+.2f}{' (falls)' if fell < -5 else ''} | "
-            f"{sum(r['rejected-replies'] for r in rs)} | {secs:.0f} |")
+    selected = "-"
+    if choice is not None and choice.best_round is not None:
+        at = [dict(curve_points(r)).get(choice.best_round) for r in rs]
+        if None not in at:
+            selected = f"{np.mean(at):.2f} (round {choice.best_round})"
+    try:
+        ok, gains = cs.arm_convergence([curve_points(r) for r in rs])
+        window = _ci(gains) + ("" if ok is None else " ok" if ok else " **no**")
+    except ValueError:
+        window = "too few evaluations"
+    under_best = np.mean([final_points(r) - best_points(r) for r in rs])
+    lr = rs[0].get("lr")
+    return (f"| {arm} | {len(rs)} | {_ci(prim)} | {finals_text} | {selected} | {window} | "
+            f"{under_best:+.2f}{' (falls)' if under_best < -cs.COLLAPSE_POINTS else ''} | "
+            f"{'-' if lr is None else f'{lr:g}'} | {sum(r['rejected-replies'] for r in rs)} | "
+            f"{secs:.0f} |")
+
+
+ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validation-chosen round "
+              "(test %) | last-20% gain (95% CI), converged | final - own best | lr | rejected "
+              "replies | seconds per run |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
+    """The verdict table of a tier; ``beside``: claim id -> verdict text at the papers' 0.01."""
+    head = ("| claim | paper | paper's difference | ours: difference (CI) | paper's against "
+            "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
+    if beside is not None:
+        head, rule = head + " verdict at lr 0.01 |", rule + "---|"
+    lines = [head, rule]
+    for row in rows:
+        c, v = row["claim"], row["verdict"]
+        position, ratio = effect_text(row)
+        ci = "-" if v.difference is None else (
+            f"{_ci(v.difference)} ({v.difference.confidence:.0%})"
+            if v.difference.n > 1 else _ci(v.difference))
+        line = (f"| `{c.id}` | {c.paper} {c.table} | {c.paper_difference:+.2f} | {ci} | "
+                f"{position} | {ratio} | {_p(v.p)} | {_p(v.p_holm)} | "
+                f"{'-' if not math.isfinite(v.detectable) else f'{v.detectable:.2f}'} | "
+                f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
+        if beside is not None:
+            line += f" {beside.get(c.id, '-')} |"
+        lines.append(line)
+    return lines
+
+
+def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
+    c, v = row["claim"], row["verdict"]
+    lines = [f"#### `{c.id}`: {_verdict_text(row)}", "",
+             f"{c.paper}, {c.table}: {c.sentence}. Direction: {c.direction}"
+             + (f", margin {c.margin:g} points" if c.margin else "") + ".", "",
+             f"- Paper: {c.paper_numbers} (difference {c.paper_difference:+.2f}).",
+             f"- Settings: {', '.join(f'`{s}`' for s in claim_settings(c))}; statistic: "
+             + " ".join(f"{w:+g} x {a} ({s})" for w, s, a in c.terms) + ".",
+             f"- Choices: {c.choices}"]
+    if c.margin_reason:
+        lines.append(f"- Margin: {c.margin_reason}.")
+    if c.same_as:
+        same = {True: " Here its runs are identical to that claim's, evaluation for evaluation.",
+                False: " Here its runs DIFFER from that claim's.", None: ""}[row.get("identical")]
+        lines.append(f"- Same as `{c.same_as}`: {c.same_reason}.{same}")
+    rerun = f"fedtune claims run {c.id} --tier {tier}"
+    if tier in reg.LR_GRID:
+        rerun = f"fedtune claims tune {c.id} --tier {tier} && {rerun}"
+    lines.append(f"- Rerun: `{rerun}`")
+    if not row["seeds"]:
+        return lines + [f"- {cs.NOT_RUN}.", ""]
+    parts = []
+    for arm, info in row["per_arm"].items():
+        text = f"{arm} {_ci(info['primary'])} (final {_ci(info['final'])}"
+        if info["selected"]:
+            text += f"; at the validation-chosen round {info['selected'][0]}: "
+            text += f"{info['selected'][1]:.2f}"
+        if info["lr"] is not None:
+            text += f"; lr {info['lr']:g}"
+        parts.append(text + ")")
+    lines.append(f"- Ours (primary metric %, mean ± 95% CI over seeds "
+                 f"{', '.join(map(str, row['seeds']))}): " + "; ".join(parts) + ".")
+    d = v.difference
+    if d is not None and d.n > 1:
+        se_seeds = d.std / math.sqrt(d.n)
+        err, how = row.get("test_error", (math.nan, ""))
+        lines.append(f"- Paired difference: {_ci(d)} points ({d.confidence:.0%} interval), per "
+                     "seed " + ", ".join(f"{x:+.2f}" for x in row["differences"])
+                     + f"; p {_p(v.p)}, Holm {_p(v.p_holm)}; detectable with "
+                     f"{row['need']} seeds: {v.detectable:.2f} points.")
+        lines.append(f"- Error of the mean difference: seeds {se_seeds:.2f} points (s / sqrt(n)); "
+                     + (f"test set {err:.2f} points ({how})." if math.isfinite(err)
+                        else "test set: unknown for these records."))
+        position, ratio = effect_text(row)
+        lines.append(f"- Effect size: the paper's {c.paper_difference:+.2f} against ours: "
+                     f"{position}; difference / (AllLarge - AllSmall): {ratio}.")
+    conv = "; ".join(f"{a} {_ci(g) if isinstance(g, cs.Interval) else g}"
+                     + ("" if ok is None else " ok" if ok else " **not converged**")
+                     for a, (ok, g) in row["convergence"].items())
+    lines.append(f"- Gate (1) convergence, last-20% gain in points (95% CI): {conv}.")
+    gaps = "; ".join(
+        f"`{st}` AllLarge - AllSmall {_ci(gap)} over seeds {', '.join(map(str, ss))}"
+        + ("" if ok is None else " > " if ok else " **not above** ")
+        + (f"{v.detectable:.2f}" if ok is not None else "")
+        for st, (gap, ok, ss) in row["gaps"].items() if gap is not None) or "not run"
+    lines.append(f"- Gate (2) discrimination: {gaps}.")
+    flags = "; ".join(v.flags) or "none"
+    lines.append(f"- Gate (3) collapse: {flags}.")
+    return lines + [""]
+
+
+def owner_test_section(store: Path) -> list[str]:
+    """The label-skew tier's mechanism, from ``claims_owner``'s record."""
+    path = store / "label-skew-owner-test.json"
+    if not path.is_file():
+        return []
+    t = json.loads(path.read_text())
+    lines = ["### Why baselines collapse here: the owner test", "",
+             f"Under label skew the one client holding all blocks is the only one that trains the "
+             f"deepest block, so the full-depth model learns that client's labels. The test: "
+             f"`{t['setting']}`, {t['arm']}, seed {t['seed']}, run twice "
+             "(`python -m fedtune_app.tools.claims_owner`, in-process, about 2.5 minutes a run "
+             f"on one thread; code fingerprint `{t['fingerprint']}`).", "",
+             "| arrangement | capacities | final % | peak % (round) | per-class final | "
+             "per-class at peak | seconds |", "|---|---|---|---|---|---|---|"]
+    names = t["runs"][0]["class-names"]
+    for r in t["runs"]:
+        per = lambda d: ", ".join(f"{n} {d[str(i)]:.2f}" for i, n in enumerate(names))  # noqa
+        lines.append(f"| {r['arrangement']} | {r['capacities']} | {100 * r['final']:.1f} | "
+                     f"{100 * r['peak']:.1f} ({r['peak-round']}) | {per(r['final-per-class'])} | "
+                     f"{per(r['peak-per-class'])} | {r['seconds']:.0f} |")
+    labels = t["runs"][0]["client-labels"]
+    lines += ["", "Each client's training articles per class (" + ", ".join(names) + "): "
+              + "; ".join(f"client {k} {v}" for k, v in labels.items()) + ".", ""]
+    return lines
+
+
+def older_code_section(tier: str, records: dict) -> list[str]:
+    """Records not made by the code of this checkout (their fingerprint differs or is absent)."""
+    current = code_fingerprint()
+    used = {r["hash"]: r for r in records.values()}
+    old = sorted((r for r in used.values() if r.get("fingerprint") != current),
+                 key=lambda r: (r.get("commit", ""), r.get("file", "")))
+    if not old:
+        return [f"Every record of tier `{tier}` was made by this checkout's code "
+                f"(fingerprint `{current}`).", ""]
+    by_commit: dict = {}
+    for r in old:
+        by_commit.setdefault((r.get("commit", "?"), r.get("fingerprint", "none")), []).append(r)
+    lines = [f"{len(old)} of the {len(used)} records of tier `{tier}` were made by older code "
+             f"than this checkout's (fingerprint `{current}`: the package's sources but its "
+             "tools); by the commit and fingerprint they record:", "", "<details><summary>the "
+             "records</summary>", ""]
+    for (commit, fp), rs in by_commit.items():
+        lines.append(f"- commit `{commit}`, fingerprint `{fp}`: "
+                     + ", ".join(f"`{r.get('file', r['hash'])}`" for r in rs))
+    return lines + ["", "</details>", ""]
 
 
 def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
@@ -499,105 +1007,89 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
     lines = ["# The papers' claims: verdicts", "",
              f"Generated by `fedtune claims report` at commit `{git_commit()}` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) from the run records in "
-             "`docs/claims/runs/`. Continue a campaign (finished runs are reused by the hash of "
-             "their run config) and regenerate:", "", "```bash"]
-    lines += [_continue(t) for t in tiers] + ["fedtune claims report", "```", ""]
-    lines += [
-        "How to read it: every method of a claim runs on the same seeds; a seed fixes the "
-        "partition, the allocation and capacity draws, the client sampling and the initial "
-        "adapters for all of them, so each seed gives one paired difference. Per method: mean "
-        "± half-width of the 95% Student-t interval over seeds (`scipy.stats.t`); per claim the "
-        "same for the paired difference (claimed side minus the other, accuracy points). "
-        "Verdict: **reproduced** when the interval lies on the paper's side (for 'greater' "
-        "above 0; for 'within m' above -m; for 'similar within m' inside (-m, m)), "
-        "**refuted** when it lies wholly on the other side, else **inconclusive** with the "
-        "smallest difference the seeds could have detected (two-sided 5% paired t-test, 80% "
-        "power: (t(0.975, n-1) + t(0.8, n-1)) s / sqrt(n)). No verdict without a converged "
-        f"setting: AllLarge (the largest model group) must gain < {cs.FLAT_POINTS:g} point over "
-        "the last 20% of rounds (mean curve) and beat AllSmall by a paired interval above 0, "
-        "else the verdict is **setting too short**. " + METRIC_NOTE,
-        "", "Update screening is **off** in every claim run (the papers ran none); the "
-        "rejected-replies column confirms that no reply was rejected. No method was tuned: "
-        "one learning rate for all, the papers' 0.01.", ""]
+             "`docs/claims/runs/` and `docs/claims/tuning/`. Continue a campaign (finished runs "
+             "are reused by the hash of their run config) and regenerate:", "", "```bash"]
+    lines += [_continue(t) for t in tiers] + ["fedtune claims report", "```", "", HOW_TO_READ,
+                                              "", "Update screening is **off** in every claim "
+                                              "run (the papers ran none).", ""]
     for tier in tiers:
-        records = load_records(tier, store)
-        rows = evaluate(tier, store, records)
-        lines += [f"## Tier `{tier}`", "", TIER_TEXT.get(tier, f"Tier {tier}."), ""]
-        if not records:
-            lines += [f"Not run here. Command: `{_continue(tier)}`.", ""]
-        lines += ["| claim | paper | sentence | paper's difference | ours: difference "
-                  "(95% CI) | seeds | verdict |", "|---|---|---|---|---|---|---|"]
-        for row in rows:
-            c, v = row["claim"], row["verdict"]
-            lines.append(f"| `{c.id}` | {c.paper} {c.table} | {c.sentence} | "
-                         f"{c.paper_difference:+.2f} | {_ci(v.difference)} | "
-                         f"{len(row['seeds'])}/{c.seeds} | {_verdict_text(row)} |")
-        lines.append("")
-        if not records:
-            continue
-        lines += [f"### Settings of tier `{tier}`: convergence gates", ""]
-        for st in SETTINGS:
-            if tier not in SETTINGS[st].tiers:
-                continue
-            arms = sorted({(a) for (s, a, _) in records if s == st}, key=list(ARMS).index)
-            own = [a for a in arms if a not in (SETTINGS[st].reference, SETTINGS[st].small)]
-            if not own:  # only the gate's runs, shared with another setting: shown there
-                continue
-            g = setting_gate(st, records)
-            lines += [f"#### `{st}`", "", SETTINGS[st].shape + ".", ""]
-            if g["status"] == cs.NOT_RUN:
-                lines.append("Gate: AllLarge / AllSmall not run on a common seed yet.")
-            else:
-                gg = g["gate"]
-                why = f" {gg.reason[0].upper()}{gg.reason[1:]}." if gg.reason else ""
-                lines.append(
-                    f"Gate **{g['status']}** (seeds {', '.join(map(str, g['seeds']))}): AllLarge "
-                    f"final {_ci(gg.reference_final)}%, gain over rounds {gg.from_round}-"
-                    f"{gg.last_round}: {gg.gain_last:+.2f} points; AllLarge - AllSmall "
-                    f"{_ci(gg.over_small)} points.{why}")
-            png = store / f"{tier}-{st}.png"
-            if plot_setting(tier, st, records, png):
-                lines += ["", f"![{st}]({png.relative_to(out.parent).as_posix()})"]
-            lines += ["", "| arm | seeds | final accuracy % (95% CI) | best round mean % | "
-                      "final - best | rejected replies | seconds per run |",
-                      "|---|---|---|---|---|---|---|"]
-            for arm in arms:
-                rs = [records[k] for k in sorted(records) if k[0] == st and k[1] == arm]
-                lines.append(arm_row(arm, rs))
-            lines.append("")
-        lines += [f"### Claims of tier `{tier}`", ""]
-        for row in rows:
-            c, v = row["claim"], row["verdict"]
-            lines += [f"#### `{c.id}`: {_verdict_text(row)}", "",
-                      f"{c.paper}, {c.table}: {c.sentence}. Direction: {c.direction}"
-                      + (f", margin {c.margin:g} points" if c.margin else "") + ".", "",
-                      f"- Paper: {c.paper_numbers} (difference {c.paper_difference:+.2f}).",
-                      f"- Settings: {', '.join(f'`{s}`' for s in claim_settings(c))}; "
-                      f"statistic: " + " ".join(f"{w:+g} x {a} ({s})" for w, s, a in c.terms)
-                      + ".",
-                      f"- Choices: {c.choices}"]
-            if row["per_arm"]:
-                lines.append("- Ours (final accuracy %, mean ± 95% CI over seeds "
-                             f"{', '.join(map(str, row['seeds']))}): "
-                             + "; ".join(f"{a} {_ci(iv)}" for a, iv in row["per_arm"].items()))
-                lines.append(f"- Paired difference: {_ci(v.difference)} points, per seed "
-                             + ", ".join(f"{d:+.2f}" for d in row["differences"]) + ".")
-            lines.append("")
+        lines += tier_section(tier, store, out)
     out.write_text("\n".join(lines) + "\n")
     if readme is not None and readme.is_file():
         update_readme(readme, tiers, store)
     return str(out)
 
 
+def tier_section(tier: str, store: Path, out: Path) -> list[str]:
+    records = load_records(tier, store)
+    rows = evaluate(tier, store, records)
+    claims = [r["claim"] for r in rows]
+    choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
+    beside = None
+    if tier in reg.LR_GRID:
+        paper_rows = evaluate(tier, store, lr_mode="paper")
+        beside = {r["claim"].id: _verdict_text(r) for r in paper_rows}
+    lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
+    if not records:
+        lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
+                  f"`{_continue(tier)}`.", ""]
+    lines += verdict_rows(rows, beside) + [""]
+    if choices:
+        lines += [f"### Learning rates of tier `{tier}`", "",
+                  f"Rule (fixed before any run): {reg.LR_RULE}. Validation means (points) per "
+                  "rate; `-`: tuning runs not all in.", "",
+                  "| setting | arm | chosen lr | " + " | ".join(
+                      f"lr {x:g}" for x in reg.LR_GRID[tier]) + " | best validation round |",
+                  "|---|---|---|" + "---|" * len(reg.LR_GRID[tier]) + "---|"]
+        for (st, arm), ch in choices.items():
+            means = " | ".join(f"{ch.means[x]:.2f} ({ch.seeds[x]})" if x in ch.means else "-"
+                               for x in reg.LR_GRID[tier])
+            lines.append(f"| `{st}` | {arm} | {'-' if ch.lr is None else f'{ch.lr:g}'} | "
+                         f"{means} | {ch.best_round or '-'} |")
+        lines.append("")
+    if records:
+        lines += [f"### Settings of tier `{tier}`", ""]
+        for st in SETTINGS:
+            if tier not in SETTINGS[st].tiers:
+                continue
+            arms = sorted({a for (s, a, _) in records if s == st}, key=list(ARMS).index)
+            own = [a for a in arms if a not in (SETTINGS[st].reference, SETTINGS[st].small)]
+            if not own:  # only the gate's runs, shared with another setting: shown there
+                continue
+            gap, seeds = setting_gap(st, records)
+            lines += [f"#### `{st}`", "", SETTINGS[st].shape + ".", ""]
+            lines.append("AllLarge - AllSmall (primary metric, paired): "
+                         + (f"{_ci(gap)} points over seeds {', '.join(map(str, seeds))}."
+                            if gap else "not run on a common seed yet."))
+            png = store / f"{tier}-{st}.png"
+            if plot_setting(tier, st, records, png):
+                lines += ["", f"![{st}]({png.relative_to(out.parent).as_posix()})"]
+            lines += [""] + ARM_HEADER
+            for arm in arms:
+                rs = [records[k] for k in sorted(records) if k[0] == st and k[1] == arm]
+                lines.append(arm_row(arm, rs, choices.get((st, arm))))
+            lines.append("")
+    if tier == "cpu":
+        lines += owner_test_section(store)
+    if records or tier in reg.LR_GRID:  # the mini tier shows its plan before any record
+        lines += [f"### Claims of tier `{tier}`", ""]
+        for row in rows:
+            lines += claim_section(row, tier, choices)
+    if records:
+        lines += [f"### Records of tier `{tier}` and the code that made them", ""]
+        lines += older_code_section(tier, records)
+    return lines
+
+
 def verdict_table(tier: str, store: Path = STORE) -> list[str]:
     """The compact verdict table of one tier (the README quotes it)."""
-    lines = ["| claim | paper | paper's difference | ours (95% CI) | seeds | verdict |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| claim | paper | paper's difference | ours (CI) | paper's against ours | Holm p "
+             "| seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
     for row in evaluate(tier, store):
         c, v = row["claim"], row["verdict"]
         lines.append(f"| `{c.id}` | {c.paper} {c.table} | {c.paper_difference:+.2f} | "
-                     f"{_ci(v.difference)} | {len(row['seeds'])}/{c.seeds} | "
-                     f"{_verdict_text(row)} |")
+                     f"{_ci(v.difference)} | {effect_text(row)[0]} | {_p(v.p_holm)} | "
+                     f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
     return lines
 
 
@@ -607,9 +1099,11 @@ def update_readme(readme: Path, tiers=TIERS, store: Path = STORE) -> None:
         return
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
-    body = [f"Generated by `fedtune claims report` at commit `{git_commit()}`; tier `cpu` "
-            "(difference in accuracy points, claimed side minus the other):", ""]
-    body += verdict_table("cpu", store)
+    body = [f"Generated by `fedtune claims report` at commit `{git_commit()}` from "
+            "docs/claims.md's records (difference in accuracy points, claimed side minus the "
+            "other; primary metric: the mean of the last three evaluations)."]
+    for tier in [t for t in ("mini", "cpu") if t in tiers]:
+        body += ["", f"Tier `{tier}`: {TIER_TITLE[tier]}.", ""] + verdict_table(tier, store)
     readme.write_text(head + README_BEGIN + "\n" + "\n".join(body) + "\n" + README_END + tail)
 
 
@@ -617,8 +1111,9 @@ def update_readme(readme: Path, tiers=TIERS, store: Path = STORE) -> None:
 
 def list_claims(tier: str | None = None) -> list[dict]:
     return [{"id": c.id, "paper": c.paper, "table": c.table, "sentence": c.sentence,
-             "direction": c.direction, "margin": c.margin, "seeds": c.seeds,
-             "priority": c.priority, "tiers": tiers_of(c), "paper-numbers": c.paper_numbers}
+             "direction": c.direction, "margin": c.margin,
+             "seeds": {t: claim_seeds(c, t) for t in tiers_of(c)}, "priority": c.priority,
+             "tiers": tiers_of(c), "paper-numbers": c.paper_numbers, "same-as": c.same_as}
             for c in CLAIMS.values() if tier is None or tier in tiers_of(c)]
 
 
@@ -628,49 +1123,68 @@ def main(argv=None) -> int:
     ls = sub.add_parser("list", help="the claims, their papers' numbers and tiers")
     ls.add_argument("--tier", choices=TIERS)
     run = sub.add_parser("run", help="run what the claims still need (resumable)")
-    run.add_argument("ids", nargs="*", help="claim ids or globs (default: every claim of the "
-                     "tier, in the campaign's priority order)")
-    run.add_argument("--tier", choices=TIERS, default="cpu")
+    tune = sub.add_parser("tune", help="run the learning-rate tuning runs (validation split) "
+                          "and record each arm's rate (tiers with a grid: "
+                          f"{', '.join(reg.LR_GRID)})")
+    for p in (run, tune):
+        p.add_argument("ids", nargs="*", help="claim ids or globs (default: every claim of the "
+                       "tier, in the campaign's priority order)")
+        p.add_argument("--tier", choices=TIERS, default="mini" if p is tune else "cpu")
+        p.add_argument("--arms", default="", metavar="LABEL,...",
+                       help="only these arms, e.g. 'all-large,all-small' (the gate's) first, or "
+                       "a disjoint share per process")
+        p.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
+        p.add_argument("--no-report", action="store_true", help="do not regenerate the report")
     run.add_argument("--seeds", type=int, default=None,
-                     help="seeds 0..N-1 for every claim (default: each claim's own, 3 or 5)")
+                     help="seeds 0..N-1 for every claim (default: each claim's fixed count on "
+                     "the tier: ten on mini, 3 or 5 elsewhere)")
     run.add_argument("--set", default="", metavar="'KEY=VALUE ...'",
                      help="run-config keys for every run, e.g. 'device=\"cuda\"'")
     run.add_argument("--data-dir", action="append", default=[], metavar="DATASET=DIR",
                      help="the paper tier's data: the folder of one data set, set as 'data-dir' "
                      "on its runs only, e.g. nico++=/data/nico (repeat for domainnet)")
-    run.add_argument("--arms", default="", metavar="LABEL,...",
-                     help="only these arms, e.g. 'all-large,all-small' (the gate's) to decide "
-                     "a setting's gate first, or a disjoint share per process")
-    run.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
-    run.add_argument("--no-report", action="store_true", help="do not regenerate the report")
+    run.add_argument("--lr", choices=LR_MODES, default="tuned",
+                     help="on a tier with a rate grid: each arm's tuned rate (default) or the "
+                     f"papers' {reg.PAPER_LR:g} for every arm")
     rep = sub.add_parser("report", help="write docs/claims.md from the stored runs")
     rep.add_argument("--tier", choices=TIERS, action="append",
                      help="tiers to report (default: all)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for c in list_claims(args.tier):
-            print(f"{c['id']:38s} {c['paper']:10s} {c['table']:10s} seeds {c['seeds']} "
-                  f"tiers {','.join(c['tiers']):14s} {c['sentence']}")
+            seeds = ",".join(f"{t}:{n}" for t, n in c["seeds"].items())
+            print(f"{c['id']:38s} {c['paper']:10s} {c['table']:10s} seeds {seeds:26s} "
+                  f"{c['sentence']}")
         return 0
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))
         return 0
     from fedtune_app.config import setup_logging
-    from fedtune_app.federated.flower_private import parse_config_args
 
-    extra = parse_config_args([args.set]) if args.set else {}
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    data_dirs = parse_data_dirs(args.data_dir)
-    if args.dry_run:
-        for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
-                              data_dirs=data_dirs):
-            state = "done" if find_cached(spec) else "todo"
-            print(f"{state} {spec.name}")
-        return 0
-    setup_logging()
-    run_claims(args.ids, args.tier, args.seeds,
-               log=lambda text: print(text, file=sys.stderr, flush=True), extra=extra, arms=arms,
-               data_dirs=data_dirs)
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    if args.command == "tune":
+        if args.dry_run:
+            for spec in plan_tuning(args.ids, args.tier, arms):
+                print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
+            return 0
+        setup_logging()
+        choices = tune_claims(args.ids, args.tier, log=log, arms=arms)
+        for (st, arm), ch in choices.items():
+            print(f"{st:32s} {arm:18s} lr {'-' if ch.lr is None else f'{ch.lr:g}'}")
+    else:
+        from fedtune_app.federated.flower_private import parse_config_args
+
+        extra = parse_config_args([args.set]) if args.set else {}
+        data_dirs = parse_data_dirs(args.data_dir)
+        if args.dry_run:
+            for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
+                                  lr_mode=args.lr, data_dirs=data_dirs):
+                print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
+            return 0
+        setup_logging()
+        run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
+                   lr_mode=args.lr, data_dirs=data_dirs)
     if not args.no_report:
         print(write_report())
     return 0

@@ -5,7 +5,7 @@
     fedtune analyze --per-client results/compare/runs                   tables and plots of runs
     fedtune export RESULTS_FOLDER [--merge] [--out DIR] [--extras]      peft / transformers / timm
     fedtune pretrain --family vit                                       offline vision checkpoint
-    fedtune claims list | run [ID ...] --tier cpu | report             the papers' claims, verdicts
+    fedtune claims list | tune | run [ID ...] --tier mini | report      the papers' claims, verdicts
     fedtune stop                                                        stop our local SuperLink
     fedtune publish-layered --run-config "..." --out DIR               blocks for ranged fetches
     fedtune node-worker --address PATH --authkey-file FILE             warm worker of one node

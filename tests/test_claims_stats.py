@@ -1,0 +1,198 @@
+"""The claims' statistics against numbers worked out by hand.
+
+Three seeds give t-statistics with 2 degrees of freedom, whose tail has a closed form:
+P(T2 > c) = (1 - c / sqrt(c^2 + 2)) / 2. With a noncentrality delta it still has one (Z ~ N(0, 1),
+E = chi2_2 / 2 ~ Exp(1), so P(Z + delta > c sqrt(E)) integrates in closed form):
+P(T2(delta) > c) = Phi(delta) - exp(-delta^2 (a - 1) / (2 a)) Phi(delta / sqrt(a)) / sqrt(a),
+a = 1 + 2 / c^2 (delta = 0 gives the central tail above). The quantiles: t(0.975, 2) =
+0.95 / sqrt(2 x 0.975 x 0.025) = 4.302653, t(0.95, 2) = 0.9 / sqrt(2 x 0.95 x 0.05) = 2.919986.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from fedtune_app.tools import claims_stats as cs
+
+
+def tail2(c: float, delta: float = 0.0) -> float:
+    """P(T > c) for a noncentral t with 2 degrees of freedom (the closed form above)."""
+    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    a = 1 + 2 / c ** 2
+    return phi(delta) - math.exp(-delta ** 2 * (a - 1) / (2 * a)) * phi(delta / math.sqrt(a)) \
+        / math.sqrt(a)
+
+
+T975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+T95 = 0.9 / math.sqrt(2 * 0.95 * 0.05)
+
+
+def test_closed_forms_agree_with_the_central_t():
+    assert T975 == pytest.approx(4.302653, abs=1e-6) and T95 == pytest.approx(2.919986, abs=1e-6)
+    assert tail2(T975) == pytest.approx(0.025, abs=1e-12)  # the quantile's own tail
+    assert tail2(2.0) == pytest.approx((1 - 2 / math.sqrt(6)) / 2, abs=1e-12)
+
+
+def test_primary_metric_is_the_mean_of_the_last_three_evaluations():
+    assert cs.primary([10, 20, 30, 40]) == pytest.approx(30.0)  # (20 + 30 + 40) / 3
+    assert cs.primary([7, 9]) == pytest.approx(8.0)  # fewer than three: all of them
+    with pytest.raises(ValueError, match="no primary"):
+        cs.primary([])
+
+
+def test_greater_is_a_two_sided_t_test():
+    # [1, 2, 3]: mean 2, s 1, se 1 / sqrt(3), t = 2 sqrt(3), t^2 = 12:
+    # one tail (1 - sqrt(12 / 14)) / 2 = 0.0370901, two-sided 0.0741801
+    assert cs.p_value([1, 2, 3], "greater") == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-9)
+    # [4, 5, 6]: t = 5 sqrt(3), t^2 = 75: two-sided 1 - sqrt(75 / 77) = 0.0130719
+    assert cs.p_value([4, 5, 6], "greater") == pytest.approx(1 - math.sqrt(75 / 77), rel=1e-9)
+    assert cs.p_value([-4, -5, -6], "greater") == pytest.approx(1 - math.sqrt(75 / 77), rel=1e-9)
+    assert cs.decide([4, 5, 6], "greater", 0, 0.0131) == cs.REPRODUCED
+    assert cs.decide([-4, -5, -6], "greater", 0, 0.0131) == cs.REFUTED
+    assert cs.decide([1, 2, 3], "greater", 0, 0.0742) == cs.INCONCLUSIVE
+
+
+def test_tost_equivalence_with_its_90_percent_interval():
+    # [0.5, 1, 1.5]: mean 1, s 0.5, se 0.5 / sqrt(3) = 0.288675. Margin 3:
+    #   lower test (mu > -3): t = 4 / se = 13.8564, t^2 = 192: p = (1 - sqrt(192/194)) / 2
+    #   upper test (mu < 3):  t = -2 / se = -6.9282, t^2 = 48: p = (1 - sqrt(48/50)) / 2 = 0.0101
+    # TOST's p is the larger: 0.0101 < 0.05, equivalent; the 90% interval 1 ± 2.919986 x se =
+    # (0.1571, 1.8429) lies inside (-3, 3), the same decision.
+    d = [0.5, 1.0, 1.5]
+    assert cs.p_value(d, "similar", 3.0) == pytest.approx((1 - math.sqrt(48 / 50)) / 2, rel=1e-9)
+    ci = cs.t_interval(d, cs.interval_for("similar"))
+    assert ci.low == pytest.approx(1 - T95 * 0.5 / math.sqrt(3), rel=1e-9)  # 0.157073
+    assert cs.decide(d, "similar", 3.0, 0.0102) == cs.REPRODUCED
+    # margin 1.5: upper t = -0.5 / se = -1.7321, t^2 = 3: p = (1 - sqrt(3/5)) / 2 = 0.112702
+    assert cs.p_value(d, "similar", 1.5) == pytest.approx((1 - math.sqrt(3 / 5)) / 2, rel=1e-9)
+    # [5, 6, 7] beyond margin 3: the one-sided test of mu > 3: t = 3 / (1 / sqrt(3)), t^2 = 27
+    assert cs.p_value([5, 6, 7], "similar", 3.0) == pytest.approx((1 - math.sqrt(27 / 29)) / 2)
+    assert cs.decide([5, 6, 7], "similar", 3.0, 0.0175) == cs.REFUTED
+
+
+def test_within_is_one_sided_non_inferiority():
+    # [-1, -2, -3], margin 5: mean -2, se 1 / sqrt(3): t = 3 sqrt(3), t^2 = 27:
+    # p = (1 - sqrt(27 / 29)) / 2 = 0.0175495 (one-sided: H1 mu > -5)
+    assert cs.p_value([-1, -2, -3], "within", 5.0) == pytest.approx(
+        (1 - math.sqrt(27 / 29)) / 2, rel=1e-9)
+    # [-9, -10, -11]: mean -10 below -5: the test of mu < -5, t = -5 sqrt(3), t^2 = 75
+    assert cs.p_value([-9, -10, -11], "within", 5.0) == pytest.approx(
+        (1 - math.sqrt(75 / 77)) / 2, rel=1e-9)
+    assert cs.decide([-9, -10, -11], "within", 5.0, 0.0066) == cs.REFUTED
+    with pytest.raises(ValueError, match="margin"):
+        cs.check_margin("similar", 0.0)
+
+
+def test_holm_step_down():
+    # sorted: d 0.005 x 4 = 0.02, a 0.01 x 3 = 0.03, c 0.03 x 2 = 0.06, b 0.04 x 1 = 0.04 ->
+    # running maximum 0.06; e (NaN: no verdict yet) stays outside the family
+    adjusted = cs.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "e": math.nan})
+    assert adjusted["d"] == pytest.approx(0.02) and adjusted["a"] == pytest.approx(0.03)
+    assert adjusted["c"] == pytest.approx(0.06) and adjusted["b"] == pytest.approx(0.06)
+    assert math.isnan(adjusted["e"])
+    assert cs.holm({"x": 0.6, "y": 0.7}) == {"x": pytest.approx(1.0), "y": pytest.approx(1.0)}
+
+
+@pytest.mark.parametrize("effect", [0.5, 2.0, 3.0])
+def test_power_is_the_exact_noncentral_t(effect):
+    # n = 3, std 1: noncentrality effect x sqrt(3); two-sided at 5%: both tails of T2(delta)
+    # beyond 4.302653, the lower one P(T2(delta) < -c) = P(T2(-delta) > c)
+    delta = effect * math.sqrt(3)
+    expected = tail2(T975, delta) + tail2(T975, -delta)
+    assert cs.power(effect, 1.0, 3) == pytest.approx(expected, abs=1e-9)
+    assert cs.power(effect, 1.0, 3, sides=1) == pytest.approx(tail2(T95, delta), abs=1e-9)
+    # e.g. effect 3: delta 5.196152, upper tail 0.745268 (+ 3e-6 below): power 0.74527
+
+
+def test_detectable_effect_and_margins_reach_80_percent_power():
+    # greater, n = 3, std 2: the effect e with power 0.8, checked by the closed form
+    e = cs.detectable(2.0, 3, "greater")
+    delta = e * math.sqrt(3) / 2
+    assert tail2(T975, delta) + tail2(T975, -delta) == pytest.approx(0.8, abs=1e-9)
+    # at std 1 an effect of 3 has power 0.745 and one of 3.5 more than 0.8 (closed form):
+    # at std 2 the effect lies between 6 and 7
+    d35 = 3.5 * math.sqrt(3)
+    assert tail2(T975, d35) + tail2(T975, -d35) > 0.8 and 6.0 < e < 7.0
+    # within: one-sided at 5%; similar: each side at power 0.9
+    m = cs.detectable(2.0, 3, "within")
+    assert tail2(T95, m * math.sqrt(3) / 2) == pytest.approx(0.8, abs=1e-9)
+    m2 = cs.detectable(2.0, 3, "similar")
+    assert tail2(T95, m2 * math.sqrt(3) / 2) == pytest.approx(0.9, abs=1e-9)
+    assert math.isnan(cs.detectable(2.0, 1))  # one seed: nothing
+    # the effect scales with the std: twice the spread, twice the detectable difference
+    assert cs.detectable(4.0, 10) == pytest.approx(2 * cs.detectable(2.0, 10), rel=1e-9)
+
+
+def test_effect_position_against_our_interval():
+    ours = cs.Interval(2.0, 1.0, 3.0, 5, 1.0)
+    assert cs.effect_position(5.84, ours) == cs.OURS_SMALLER  # the paper's above ours
+    assert cs.effect_position(2.5, ours) == cs.CONSISTENT
+    assert cs.effect_position(0.5, ours) == cs.OURS_LARGER
+
+
+def _curve(values, every=4):
+    return [(every * (i + 1), v) for i, v in enumerate(values)]
+
+
+def test_gate_convergence_window_means():
+    # rounds 4..40: last 20% = rounds 33-40 (36, 40), the 20% before = rounds 25-32 (28, 32)
+    c = _curve([10, 20, 30, 40, 50, 60, 70, 80.0, 80.5, 80.7])
+    assert cs.window_gain(c) == pytest.approx((80.5 + 80.7) / 2 - (70 + 80.0) / 2)  # 5.6
+    # gains 0.2, 0.4, 0.6: mean 0.4, s 0.2, upper end 0.4 + 4.302653 x 0.2 / sqrt(3) = 0.8968
+    flat = [_curve([50] * 6 + [70, 70, 70 + g, 70 + g]) for g in (0.2, 0.4, 0.6)]
+    ok, gains = cs.arm_convergence(flat)
+    assert ok and gains.high == pytest.approx(0.4 + T975 * 0.2 / math.sqrt(3))
+    # gains 0.5, 0.7, 0.9: upper end 1.1968 >= 1: not shown converged
+    rising = [_curve([50] * 6 + [70, 70, 70 + g, 70 + g]) for g in (0.5, 0.7, 0.9)]
+    assert cs.arm_convergence(rising)[0] is False
+    assert cs.arm_convergence(flat[:1])[0] is None  # one seed: no interval yet
+    with pytest.raises(ValueError, match="windows"):
+        cs.window_gain([(40, 1.0)])
+
+
+def test_gate_discrimination_and_collapse():
+    gap = cs.Interval(20.0, 15.0, 25.0, 10, 7.0)
+    assert cs.discriminates(gap, 3.0) is True and cs.discriminates(gap, 16.0) is False
+    # finals - AllSmall: -26.8 on average (59.0 vs 85.8): below AllSmall
+    assert "against AllSmall" in cs.collapse([59.0], [72.0], [85.8])
+    # 6 points under its best on average: collapsed; 4 points: not
+    assert "under its own best" in cs.collapse([80.0, 82.0], [86.0, 88.0], [50.0, 50.0])
+    assert cs.collapse([80.0, 82.0], [84.0, 86.0], [50.0, 50.0]) == ""
+
+
+def test_binomial_standard_error():
+    # p = 0.75 on n = 4: sqrt(0.75 x 0.25 / 4) = 0.216506 -> 21.65 points
+    assert cs.binomial_se([0.75], [1.0], 4) == pytest.approx(21.6506, abs=1e-4)
+    # a difference of 0.75 and 0.5 on 100 examples: sqrt((0.1875 + 0.25) / 100) = 6.6144 points
+    assert cs.binomial_se([0.75, 0.5], [1.0, -1.0], 100) == pytest.approx(6.6144, abs=1e-4)
+
+
+def test_bootstrap_over_test_examples():
+    """The bootstrap's SE of a paired difference of accuracies is the plug-in standard error
+    of the mean of d_i = a_i - b_i: sqrt(mean((d - mean d)^2) / n)."""
+    a, b = np.array([1, 1, 0, 0]), np.array([1, 0, 0, 1])
+    # d = 0, 1, 0, -1: mean 0, population variance 2 / 4 = 0.5: SE sqrt(0.5 / 4) = 0.353553
+    run = [[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b}}])]]
+    # Monte Carlo error of a standard deviation from B replicates: about 1 / sqrt(2 B) relative
+    # (0.5% at B = 20000); 3% is six of those
+    se = cs.bootstrap_se(run, replicates=20000)
+    assert se == pytest.approx(35.3553, rel=0.03)
+    # the test set is the same for every seed: ten identical seeds keep the same error
+    assert cs.bootstrap_se(run * 10, replicates=20000) == pytest.approx(35.3553, rel=0.03)
+    # two domains, the headline their mean: domain x = [1, 1, 1, 0] (p 0.75, n 4), domain y =
+    # [1, 0] (p 0.5, n 2): SE = sqrt(0.1875 / 4 + 0.25 / 2) / 2 = sqrt(0.171875) / 2 = 0.207289
+    two = [[(1.0, [{"0": {"x": np.array([1, 1, 1, 0]), "y": np.array([1, 0])}}])]]
+    assert cs.bootstrap_se(two, replicates=20000) == pytest.approx(20.7289, rel=0.03)
+    # a window of three evaluations: their mean; identical evaluations: the same error
+    three = [[(1.0, [{"0": {"all": a}}] * 3), (-1.0, [{"0": {"all": b}}] * 3)]]
+    assert cs.bootstrap_se(three, replicates=20000) == pytest.approx(35.3553, rel=0.03)
+    with pytest.raises(ValueError, match="different test sets"):
+        cs.bootstrap_se([[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b[:3]}}])]])
+
+
+def test_power_where_scipys_noncentral_t_returns_nan():
+    # two seeds (df 1) and a large effect: scipy's nct.cdf(-12.7, 1, 100) is NaN; that tail
+    # lies opposite the noncentrality and holds nothing, the other everything: power 1
+    assert cs.power(100.0, 1.0, 2) == pytest.approx(1.0)
+    assert math.isfinite(cs.detectable(1.0, 2))
