@@ -89,7 +89,8 @@ def test_the_checkpoint_records_the_clients_without_their_connection(saved):
         meta = json.loads(f.metadata()[META])
     # node ids are new at every connection, the one-time weight fetch only in the first
     assert meta["clients"][0] == {"partition_id": 0, "capacity": 2, "num_examples": 30,
-                                  "group": "a", "label_counts": [10, 20], "model_group": 0}
+                                  "group": "a", "label_counts": [10, 20], "model_group": 0,
+                                  "rank": 0}  # 0: the node reported no rank ('lora-r')
     assert meta["round"] == 3 and meta["config"]["seed"] == 3
     # reconnected clients with new node ids and no fetch resume the same run
     moved = [ClientInfo(node_id=99 + c.partition_id, partition_id=c.partition_id,

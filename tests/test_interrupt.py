@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from flwr.common.config import parse_config_args
+from fedtune_app.federated.flower_private import parse_config_args
 
 from fedtune_app.apps.inprocess import run_inprocess
 from fedtune_app.tools.cli import checkpoint_round

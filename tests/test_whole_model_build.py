@@ -7,7 +7,7 @@ import logging
 import shlex
 
 import pytest
-from flwr.common.config import parse_config_args
+from fedtune_app.federated.flower_private import parse_config_args
 
 from fedtune_app.apps.client import publish_command
 from fedtune_app.apps.client_app import app as client_app
