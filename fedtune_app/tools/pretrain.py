@@ -238,7 +238,8 @@ def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int
     out = Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"dataset": dataset, "model": name, "model-args": args,
-            "test-accuracy": f"{accuracy:.4f}", "digit-styles-probe-accuracy": f"{probes['all']:.4f}",
+            "test-accuracy": f"{accuracy:.4f}",
+            "digit-styles-probe-accuracy": f"{probes['all']:.4f}",
             "train-examples": str(len(train_idx)), "epochs": str(epochs),
             "augment": str(bool(augment_images)).lower(), "seed": str(seed), "lr": str(lr),
             "batch-size": str(batch_size)}
