@@ -28,7 +28,8 @@ inputs in 4x4 patches: 16 tokens and a class token). Their recipe (``RECIPES``, 
 these families): Fashion-MNIST's 60,000 training images together with the 4,000 training
 images of MNIST-5k (labels 10-19: 20 classes, as ImageNet holds the classes of NICO++ and
 DomainNet; the federated task is a different digit set, the UCI digits, in six styles), random
-affine augmentation (rotation, scale, shift), AdamW with a one-cycle schedule, seed 0. The
+affine augmentation (rotation, scale, shift), 10 epochs at batch 256, AdamW (lr 3e-3, one-cycle
+schedule), seed 0. On one CPU core: about 15 minutes (vit12), 6 (vit12-s), 3 (vit12-t). The
 command is deterministic for a seed on one machine; the file goes to ``~/.cache/fedtune``,
 never into git. ``--probe-depths`` reports the linear probe of the features after the first k
 blocks (what a client holding k blocks starts from), on a validation part of the six styles'
@@ -61,7 +62,8 @@ MODELS = {
                 "img_size=16,patch_size=4,in_chans=3,embed_dim=16,depth=12,num_heads=1"),
 }
 # a family's defaults where they differ from the command's (the mini tier's recipe)
-MINI_RECIPE = {"dataset": "fashion-mnist+mnist-5k", "epochs": 10, "augment": True}
+MINI_RECIPE = {"dataset": "fashion-mnist+mnist-5k", "epochs": 10, "augment": True,
+               "batch_size": 256}
 RECIPES = {"vit12": MINI_RECIPE, "vit12-s": MINI_RECIPE, "vit12-t": MINI_RECIPE}
 DATASETS = ("fashion-mnist", "digits", "fashion-mnist+mnist-5k")
 CACHE = Path("~/.cache/fedtune")
@@ -165,13 +167,14 @@ def augment(images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int = 0,
-             epochs: int | None = None, batch_size: int = 128, lr: float = 3e-3, seed: int = 0,
+             epochs: int | None = None, batch_size: int | None = None, lr: float = 3e-3,
+             seed: int = 0,
              data_dir: str = "", progress: bool = True, device: str = "auto",
              probe: bool = True, augment_images: bool | None = None,
              probe_depths: tuple[int, ...] = ()) -> dict:
     """Train, evaluate, save; returns {'accuracy', 'seconds', 'path', ...}. ``dataset``,
-    ``epochs`` and ``augment_images`` default to the family's recipe (``RECIPES``), else
-    fashion-mnist, 10 epochs, no augmentation."""
+    ``epochs``, ``batch_size`` and ``augment_images`` default to the family's recipe
+    (``RECIPES``), else fashion-mnist, 10 epochs, batch 128, no augmentation."""
     import timm
     from safetensors.torch import save_file
 
@@ -181,6 +184,7 @@ def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int
     recipe = RECIPES.get(family, {})
     dataset = dataset or recipe.get("dataset", "fashion-mnist")
     epochs = epochs or recipe.get("epochs", 10)
+    batch_size = batch_size or recipe.get("batch_size", 128)
     augment_images = recipe.get("augment", False) if augment_images is None else augment_images
     if dataset not in DATASETS:
         raise ValueError(f"pretraining data set {dataset!r}; allowed: {', '.join(DATASETS)}")
@@ -267,7 +271,8 @@ def main(argv=None) -> None:
                         help="default: the family's recipe, else 10")
     parser.add_argument("--augment", default=None, action=argparse.BooleanOptionalAction,
                         help="random affine augmentation (default: the family's recipe)")
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: the family's recipe, else 128")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
     parser.add_argument("--no-probe", action="store_true", help="skip the linear probe")
