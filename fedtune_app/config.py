@@ -191,8 +191,20 @@ class DataConfig(ConfigPart):
         "smallest partition the Dirichlet split accepts")
     train_subset: int = config_key(0, minimum=0, help=
         "use only this many training examples, stratified (0 = all)")
+    train_subset_draw: str = config_key("fixed", choices=("fixed", "per-seed"), help=
+        "which 'train-subset' examples a run uses: the same for every seed (fixed), or drawn by "
+        "the run's seed (per-seed: a seed also samples the training data, so the spread over "
+        "seeds includes it)")
     test_subset: int = config_key(0, minimum=0, help=
         "use only this many test examples, stratified (0 = all)")
+    validation_fraction: float = config_key(0.0, minimum=0, maximum=0.5, help=
+        "hold out this fraction of every (domain, class) of the training data as a validation set"
+        " (fixed seed: the same examples for every method and seed), before 'train-subset' is "
+        "drawn; no client ever trains on it and the test set is untouched (0 = none)")
+    evaluation_split: str = config_key("test", choices=("test", "validation"), help=
+        "what the server evaluates the global model on: the test set, or the validation set of "
+        "'validation-fraction' (to choose learning rates and rounds without reading the test "
+        "set)")
     max_length: int = config_key(64, minimum=8, help="tokens per text example")
     clients_per_domain: int = config_key(1, minimum=1, help=
         "clients per domain (partitioner domain-dirichlet)")
@@ -229,6 +241,8 @@ class DataConfig(ConfigPart):
     proxy_for_all_methods: bool = config_key(False, help=
         "take the proxy split out of the clients' data for every method, so a comparator trains on"
         " exactly FedBRICK's client data")
+    # derived (``draw_subset_seed``): the seed of the 'train-subset' draw, None = the fixed one
+    subset_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -726,6 +740,22 @@ def check_robust(config: RunConfig) -> None:
                               "the server's root-set update is computed for one model only")
 
 
+def check_validation(config: RunConfig) -> None:
+    """Evaluating on a validation set that is not held out."""
+    data = config.data
+    if data.evaluation_split == "validation" and data.validation_fraction <= 0:
+        raise ConfigError("run-config key 'evaluation-split' = 'validation' needs a validation "
+                          "set: key 'validation-fraction' > 0 (e.g. 0.2)")
+
+
+def draw_subset_seed(run: RunConfig) -> RunConfig:
+    """'train-subset-draw' = per-seed: the run's seed draws its training subset."""
+    seed = run.seed if run.data.train_subset_draw == "per-seed" else None
+    return dataclasses.replace(run, data=dataclasses.replace(run.data, subset_seed=seed))
+
+
+register_derived(draw_subset_seed)
+register_check(check_validation)
 register_check(check_quorum)
 register_check(check_schedule)
 register_check(check_dp)

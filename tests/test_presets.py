@@ -101,12 +101,10 @@ def test_pretrained_checkpoint_records_how_it_was_made(checkpoints):
     assert meta["model-args"] == MODELS["vit"][1]
     # 1,797 digits, 20% held out per class, 64 of the rest kept
     assert meta["train-examples"] == "64"
-    # the probe's test accuracy is k / n for a whole k over the n held-out six-style digits
-    # (written to 4 places; 1 / n > 0.0001 pins k down) and above chance (10 classes)
-    from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
-
-    n = len(multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION).split[1])
+    # the probe's accuracy is k / n for a whole k over the n six-style digits of its validation
+    # part (written to 4 places; 1 / n > 0.0001 pins k down) and above chance (10 classes):
+    # 287 of the 1,438 training digits of each style (test_validation_split), never the test set
+    n = 6 * 287
     probe = meta["digit-styles-probe-accuracy"]
     assert [k for k in range(n + 1) if f"{k / n:.4f}" == probe], (probe, n)
     assert float(probe) > 1 / 10, probe
@@ -158,6 +156,37 @@ def test_offline_preset_runs_one_round(name, checkpoints, tmp_path):
         if not cfg.federation.dynamic_capacities:
             assert count == declared[pid]
     assert (Path(folder) / "partition.png").stat().st_size > 10_000
+
+
+def test_twelve_block_stand_ins_load_with_their_widths(checkpoints):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    for family, width in (("vit12", 64), ("vit12-s", 32), ("vit12-t", 16)):
+        name, args = MODELS[family]
+        model = build_backbone(ModelSpec(name, checkpoints[family], args, 0, 10))
+        saved = load_file(checkpoints[family])
+        assert model.num_blocks == 12
+        assert torch.equal(model.blocks[11].mlp.fc2.weight, saved["blocks.11.mlp.fc2.weight"])
+        assert model.blocks[11].attn.qkv.weight.shape == (3 * width, width)
+        assert model.head.weight.shape == (10, width)  # the pretraining head (10 digits) kept
+        with safe_open(checkpoints[family], "pt") as f:
+            meta = f.metadata()
+        # the recipe's augmentation applies unless the call says otherwise; one epoch as asked
+        assert meta["augment"] == "true" and meta["epochs"] == "1" and meta["seed"] == "0"
+
+
+def test_augmentation_is_seeded_and_fills_with_background():
+    from fedtune_app.tools.pretrain import augment
+
+    background = -torch.ones(4, 3, 16, 16)
+    assert torch.allclose(augment(background, torch.Generator().manual_seed(1)), background,
+                          atol=1e-6)  # an empty image stays empty wherever it moves
+    x = torch.rand(4, 3, 16, 16) * 2 - 1
+    a = augment(x, torch.Generator().manual_seed(1))
+    assert torch.equal(a, augment(x, torch.Generator().manual_seed(1)))
+    assert not torch.equal(a, augment(x, torch.Generator().manual_seed(2)))
+    assert a.min() >= -1 - 1e-6 and a.max() <= 1 + 1e-6  # bilinear mixes of [-1, 1] values
 
 
 def test_mixer_checkpoint_loads_through_the_class_fallback(checkpoints):

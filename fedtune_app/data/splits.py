@@ -2,8 +2,11 @@
 
 ``load_data(data, spec)`` returns ``DataSplits`` (train/test ``Examples``, class names, optional
 domains); the sources themselves are in ``sources.py``. The train/test split (the data set's
-official one where it has one) and the train/test subsets are fixed (``SPLIT_SEED``) so every
-method and every seed sees the same test set; the split of training data over clients depends
+official one where it has one) and the test subset are fixed (``SPLIT_SEED``) so every method
+and every seed sees the same test set; so is the optional validation set carved out of the
+training data (``validation-fraction``), which ``evaluation-split = validation`` evaluates in
+the test set's place. The training subset is fixed too, or drawn by the run's seed
+(``train-subset-draw = per-seed``). The split of training data over clients depends
 on the run's ``seed``: label skew (Dirichlet), IID, feature skew (one client per domain) or
 feature & label skew (Dirichlet inside each domain, ``clients-per-domain`` clients each).
 Results are cached per process: a Ray actor or a deployed ClientApp reads and tokenises the data
@@ -149,7 +152,20 @@ def _bbc_news() -> tuple[list[str], np.ndarray, list[str]]:
     return texts, np.array(labels), classes
 
 
-def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed: int):
+VALIDATION_SEED = SPLIT_SEED + 4
+
+
+def validation_split(index: np.ndarray, strata: np.ndarray, fraction: float):
+    """(rest, validation) of the training pool ``index``: ``validation`` holds round(fraction *
+    n_s) of the pool's examples of every stratum s (a (domain, class) pair), drawn with a fixed
+    seed, so every method and every seed is evaluated on the same validation examples and none
+    of them is ever a client's. Both are sorted subsets of ``index``; the test set is not
+    touched."""
+    rest, part = stratified_split(strata[index], fraction, VALIDATION_SEED)
+    return index[rest], index[part]
+
+
+def _stratified_subset(index: np.ndarray, labels: np.ndarray, size: int, seed):
     if not size or size >= len(index):
         return index
     _, keep = stratified_split(labels[index], size / len(index), seed)
@@ -170,7 +186,8 @@ GLUE_NAMES = ("nyu-mll/glue", "glue")
 GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
                 "mnli": 3}  # classification tasks (STS-B is a regression)
 # the fields of the data part a data set depends on (the cache key)
-DATA_FIELDS = ("dataset", "train_subset", "test_subset", "max_length", "domains", "max_classes",
+DATA_FIELDS = ("dataset", "train_subset", "test_subset", "validation_fraction",
+               "evaluation_split", "subset_seed", "max_length", "domains", "max_classes",
                "image_size", "image_channels", "data_workers", "data_dir", "hf_dataset",
                "hf_config", "hf_input_column", "hf_label_column", "hf_test_split")
 
@@ -246,8 +263,15 @@ def _load_cached(data: DataConfig, spec: ModelSpec) -> DataSplits:
     train_idx, test_idx = raw.split or stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
     # subsets are stratified by (domain, class), so every domain keeps its share
     strata = labels if raw.domains is None else raw.domains * len(raw.classes) + labels
-    train_idx = _stratified_subset(train_idx, strata, data.train_subset, SPLIT_SEED + 1)
-    test_idx = _stratified_subset(test_idx, strata, data.test_subset, SPLIT_SEED + 2)
+    if data.validation_fraction:  # out of the training pool before any subset is drawn
+        train_idx, validation_idx = validation_split(train_idx, strata, data.validation_fraction)
+    subset_seed = SPLIT_SEED + 1 if data.subset_seed is None else (SPLIT_SEED + 1,
+                                                                   data.subset_seed)
+    train_idx = _stratified_subset(train_idx, strata, data.train_subset, subset_seed)
+    if data.evaluation_split == "validation":  # the test set is never read
+        test_idx = validation_idx
+    else:
+        test_idx = _stratified_subset(test_idx, strata, data.test_subset, SPLIT_SEED + 2)
     inputs = raw.inputs
     if text:  # tokenise only what is used
         used = np.concatenate([train_idx, test_idx])

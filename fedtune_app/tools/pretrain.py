@@ -15,6 +15,25 @@ it is absent, say so with --dataset digits) resized to 16x16 and repeated to 3 c
 test accuracy and a linear probe of the frozen features on the six digit styles (how well the
 stand-in transfers to the offline federated task), and writes a safetensors state dict that timm
 loads with ``pretrained_cfg_overlay=dict(file=...)`` (our ``model-source=<file>``).
+
+The ``mini`` claims tier's backbones are 12-block ViTs, the papers' depth in miniature, and are a
+STAND-IN FOR IMAGENET WEIGHTS, nothing more:
+
+    python -m fedtune_app.tools.pretrain --family vit12     # ViT-B in miniature: width 64
+    python -m fedtune_app.tools.pretrain --family vit12-s   # ViT-S in miniature: width 32
+    python -m fedtune_app.tools.pretrain --family vit12-t   # ViT-T in miniature: width 16
+
+(ViT-T/S/B's widths 192/384/768 divided by 12, head width 16 as theirs is 64 / 4; 16x16 RGB
+inputs in 4x4 patches: 16 tokens and a class token). Their recipe (``RECIPES``, the defaults of
+these families): Fashion-MNIST's 60,000 training images together with the 4,000 training
+images of MNIST-5k (labels 10-19: 20 classes, as ImageNet holds the classes of NICO++ and
+DomainNet; the federated task is a different digit set, the UCI digits, in six styles), random
+affine augmentation (rotation, scale, shift), 10 epochs at batch 256, AdamW (lr 3e-3, one-cycle
+schedule), seed 0. On one CPU core: about 15 minutes (vit12), 6 (vit12-s), 3 (vit12-t). The
+command is deterministic for a seed on one machine; the file goes to ``~/.cache/fedtune``,
+never into git. ``--probe-depths`` reports the linear probe of the features after the first k
+blocks (what a client holding k blocks starts from), on a validation part of the six styles'
+training digits: never their test set.
 """
 
 from __future__ import annotations
@@ -34,65 +53,158 @@ MODELS = {
     "vit64": ("vit_tiny_patch16_224",
               "img_size=16,patch_size=4,in_chans=3,embed_dim=64,depth=6,num_heads=4"),
     "mixer": ("mixer_s16_224", "img_size=16,patch_size=4,in_chans=3,embed_dim=32,num_blocks=6"),
+    # the mini tier: 12 blocks (the papers' depth), widths of ViT-B/S/T over 12
+    "vit12": ("vit_tiny_patch16_224",
+              "img_size=16,patch_size=4,in_chans=3,embed_dim=64,depth=12,num_heads=4"),
+    "vit12-s": ("vit_tiny_patch16_224",
+                "img_size=16,patch_size=4,in_chans=3,embed_dim=32,depth=12,num_heads=2"),
+    "vit12-t": ("vit_tiny_patch16_224",
+                "img_size=16,patch_size=4,in_chans=3,embed_dim=16,depth=12,num_heads=1"),
 }
+# a family's defaults where they differ from the command's (the mini tier's recipe)
+MINI_RECIPE = {"dataset": "fashion-mnist+mnist-5k", "epochs": 10, "augment": True,
+               "batch_size": 256}
+RECIPES = {"vit12": MINI_RECIPE, "vit12-s": MINI_RECIPE, "vit12-t": MINI_RECIPE}
+DATASETS = ("fashion-mnist", "digits", "fashion-mnist+mnist-5k")
 CACHE = Path("~/.cache/fedtune")
 
 
 def default_checkpoint(family: str) -> Path:
-    return CACHE / f"{family}-fmnist16.safetensors"
+    source = "fmnist-mnist" if RECIPES.get(family, {}).get("dataset") == DATASETS[2] else "fmnist"
+    return CACHE / f"{family}-{source}16.safetensors"
 
 
-def linear_probe(model: nn.Module, device: torch.device, seed: int = 0) -> float:
-    """Test accuracy of a logistic regression on the frozen pooled features of the six-style
-    digits (the offline presets' task), with the same train/test split as the presets."""
+def probe_features(model: nn.Module, x: torch.Tensor, depth: int | None = None) -> torch.Tensor:
+    """Pooled features after the first ``depth`` blocks (all when None) and the final norm: what
+    the head of a client holding those blocks sees before any fine-tuning."""
+    blocks = model.blocks if depth is None else model.blocks[:depth]
+    out = []
+    for i in range(0, len(x), 1024):
+        h = model.norm(blocks(_embed(model, x[i:i + 1024])))
+        out.append(model.forward_head(h, pre_logits=True))
+    return torch.cat(out)
+
+
+def _embed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm ViT's embedding: patches, class token, positions (``forward_features`` less the
+    blocks and the norm)."""
+    x = model.patch_embed(x)
+    x = model._pos_embed(x)
+    x = model.patch_drop(x)
+    return model.norm_pre(x)
+
+
+def linear_probe(model: nn.Module, device: torch.device, seed: int = 0,
+                 depths: tuple[int, ...] = ()) -> dict:
+    """Accuracy of a logistic regression on the frozen pooled features of the six-style digits
+    (the offline presets' and the mini tier's task): fitted on their training digits less a
+    validation part (20% of every (style, class), ``validation_split``), scored on that part,
+    never on the test digits. Keys: 'all' (every block) and each of ``depths`` (ViT only)."""
     from sklearn.linear_model import LogisticRegression
 
     from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION
+    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION, validation_split
 
     raw = multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION)
+    pool = raw.split[0]
+    fit, score = validation_split(pool, raw.domains * len(raw.classes) + raw.labels, 0.2)
     model.eval()
+    out = {}
     with torch.inference_mode():
         x = raw.inputs.to(device)
-        feats = torch.cat([model.forward_head(model.forward_features(x[i:i + 1024]),
-                                              pre_logits=True) for i in range(0, len(x), 1024)])
-    feats = feats.float().cpu().numpy()
-    train, test = raw.split
-    probe = LogisticRegression(max_iter=2000, random_state=seed).fit(feats[train],
-                                                                      raw.labels[train])
-    return float(probe.score(feats[test], raw.labels[test]))
+        for depth in (None, *depths):
+            if depth is None:
+                feats = torch.cat([model.forward_head(model.forward_features(x[i:i + 1024]),
+                                                      pre_logits=True)
+                                   for i in range(0, len(x), 1024)])
+            else:
+                feats = probe_features(model, x, depth)
+            feats = feats.float().cpu().numpy()
+            probe = LogisticRegression(max_iter=2000, random_state=seed).fit(
+                feats[fit], raw.labels[fit])
+            out["all" if depth is None else depth] = float(probe.score(feats[score],
+                                                                       raw.labels[score]))
+    return out
 
 
-def pretrain(family: str, out: Path, dataset: str = "fashion-mnist", train_size: int = 0,
-             epochs: int = 10, batch_size: int = 128, lr: float = 3e-3, seed: int = 0,
+def source_data(dataset: str, data_dir: str = ""):
+    """(images (N, 1, 28|8, 28|8) in [-1, 1], labels, class names, train indices, test
+    indices) of a pretraining source. fashion-mnist+mnist-5k: Fashion-MNIST's official split
+    and MNIST-5k's digits split 80/20 per class (fixed seed), digits as classes 10-19."""
+    from fedtune_app.data.sources import digits, fashion_mnist, mnist_5k
+    from fedtune_app.data.splits import SPLIT_SEED, stratified_split
+
+    if dataset == "digits":
+        raw = digits()
+        train, test = stratified_split(raw.labels, 0.2, SPLIT_SEED)
+        return raw.inputs, raw.labels, raw.classes, train, test
+    fashion = fashion_mnist(data_dir)
+    train, test = fashion.split
+    if dataset == "fashion-mnist":
+        return fashion.inputs, fashion.labels, fashion.classes, train, test
+    digits5k = mnist_5k()
+    n = len(fashion.labels)
+    d_train, d_test = stratified_split(digits5k.labels, 0.2, SPLIT_SEED)
+    return (torch.cat([fashion.inputs, digits5k.inputs]),
+            np.concatenate([fashion.labels, digits5k.labels + 10]),
+            fashion.classes + [f"digit {c}" for c in digits5k.classes],
+            np.concatenate([train, n + d_train]), np.concatenate([test, n + d_test]))
+
+
+def augment(images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random affine view of each image: rotation +-10 degrees, scale 0.9-1.1, shift up to 2
+    of 16 pixels each way; the background (-1) fills in. Drawn from ``gen`` (seeded)."""
+    n = len(images)
+    angle = (torch.rand(n, generator=gen) * 2 - 1) * (10 * np.pi / 180)
+    scale = 0.9 + 0.2 * torch.rand(n, generator=gen)
+    shift = (torch.rand(n, 2, generator=gen) * 2 - 1) * 0.25  # 2 px of 16 = 0.25 of [-1, 1]
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1),
+                         torch.stack([sin, cos, shift[:, 1]], 1)], 1).to(images)
+    grid = nn.functional.affine_grid(theta, list(images.shape), align_corners=False)
+    out = nn.functional.grid_sample(images + 1, grid, align_corners=False)  # zeros outside
+    return out - 1
+
+
+def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int = 0,
+             epochs: int | None = None, batch_size: int | None = None, lr: float = 3e-3,
+             seed: int = 0,
              data_dir: str = "", progress: bool = True, device: str = "auto",
-             probe: bool = True) -> dict:
-    """Train, evaluate, save; returns {'accuracy', 'seconds', 'path', ...}."""
+             probe: bool = True, augment_images: bool | None = None,
+             probe_depths: tuple[int, ...] = ()) -> dict:
+    """Train, evaluate, save; returns {'accuracy', 'seconds', 'path', ...}. ``dataset``,
+    ``epochs``, ``batch_size`` and ``augment_images`` default to the family's recipe
+    (``RECIPES``), else fashion-mnist, 10 epochs, batch 128, no augmentation."""
     import timm
     from safetensors.torch import save_file
 
-    from fedtune_app.data.sources import digits, fashion_mnist, prepare_images
-    from fedtune_app.data.splits import stratified_split
+    from fedtune_app.data.sources import prepare_images
     from fedtune_app.model.backbones import _timm_class
 
+    recipe = RECIPES.get(family, {})
+    dataset = dataset or recipe.get("dataset", "fashion-mnist")
+    epochs = epochs or recipe.get("epochs", 10)
+    batch_size = batch_size or recipe.get("batch_size", 128)
+    augment_images = recipe.get("augment", False) if augment_images is None else augment_images
+    if dataset not in DATASETS:
+        raise ValueError(f"pretraining data set {dataset!r}; allowed: {', '.join(DATASETS)}")
     started = time.perf_counter()
-    raw = fashion_mnist(data_dir) if dataset == "fashion-mnist" else digits()
-    train_idx, test_idx = raw.split or stratified_split(raw.labels, 0.2, seed)
+    inputs, raw_labels, classes, train_idx, test_idx = source_data(dataset, data_dir)
     rng = np.random.default_rng(seed)
     if train_size and train_size < len(train_idx):
         train_idx = np.sort(rng.choice(train_idx, size=train_size, replace=False))
-    test_idx = test_idx[:2000]
+    test_idx = test_idx[:2000] if dataset != DATASETS[2] else test_idx
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu")
                        if device == "auto" else device)
-    images = prepare_images(raw.inputs, 16, 3).to(dev)
-    labels = torch.from_numpy(raw.labels).to(dev)
+    images = prepare_images(inputs, 16, 3).to(dev)
+    labels = torch.from_numpy(raw_labels).to(dev)
     name, args = MODELS[family]
     kwargs = {k: int(v) for k, v in (a.split("=") for a in args.split(","))}
     torch.manual_seed(seed)
     try:
-        model = timm.create_model(name, pretrained=False, num_classes=len(raw.classes), **kwargs)
+        model = timm.create_model(name, pretrained=False, num_classes=len(classes), **kwargs)
     except TypeError:  # the mixer entrypoint fixes patch_size: build from its class
-        model = _timm_class(name)(num_classes=len(raw.classes), **kwargs)
+        model = _timm_class(name)(num_classes=len(classes), **kwargs)
     model.to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     steps = epochs * int(np.ceil(len(train_idx) / batch_size))
@@ -108,7 +220,8 @@ def pretrain(family: str, out: Path, dataset: str = "fashion-mnist", train_size:
         order = torch.from_numpy(train_idx)[torch.randperm(len(train_idx), generator=gen)].to(dev)
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
-            loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
+            x = augment(images[batch], gen) if augment_images else images[batch]
+            loss = nn.functional.cross_entropy(model(x), labels[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -124,46 +237,63 @@ def pretrain(family: str, out: Path, dataset: str = "fashion-mnist", train_size:
         preds = torch.cat([model(images[test[i:i + 512]]).argmax(-1)
                            for i in range(0, len(test), 512)])
     accuracy = float((preds == labels[test]).float().mean())
-    probe_accuracy = linear_probe(model, dev, seed) if probe else float("nan")
+    probes = linear_probe(model, dev, seed, probe_depths) if probe else {"all": float("nan")}
     model.cpu()
     out = Path(out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"dataset": dataset, "model": name, "model-args": args,
+            "test-accuracy": f"{accuracy:.4f}",
+            "digit-styles-probe-accuracy": f"{probes['all']:.4f}",
+            "train-examples": str(len(train_idx)), "epochs": str(epochs),
+            "augment": str(bool(augment_images)).lower(), "seed": str(seed), "lr": str(lr),
+            "batch-size": str(batch_size)}
+    meta |= {f"digit-styles-probe-accuracy-depth-{d}": f"{probes[d]:.4f}" for d in probe_depths
+             if d in probes}
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out),
-              metadata={"dataset": dataset, "model": name, "model-args": args,
-                        "test-accuracy": f"{accuracy:.4f}",
-                        "digit-styles-probe-accuracy": f"{probe_accuracy:.4f}",
-                        "train-examples": str(len(train_idx)), "epochs": str(epochs)})
+              metadata=meta)
     return {"path": str(out), "model": name, "model-args": args, "dataset": dataset,
             "train-examples": len(train_idx), "test-accuracy": accuracy,
-            "probe-accuracy": probe_accuracy, "device": str(dev),
-            "seconds": time.perf_counter() - started}
+            "probe-accuracy": probes["all"], "probe-depths": {d: probes[d] for d in probe_depths
+                                                              if d in probes},
+            "device": str(dev), "epochs": epochs, "seconds": time.perf_counter() - started}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(MODELS), default="vit")
     parser.add_argument("--out", default="", help="checkpoint file (default: "
-                        "~/.cache/fedtune/<family>-fmnist16.safetensors)")
-    parser.add_argument("--dataset", choices=("fashion-mnist", "digits"), default="fashion-mnist")
+                        "~/.cache/fedtune/<family>-<source>16.safetensors)")
+    parser.add_argument("--dataset", choices=DATASETS, default=None,
+                        help="default: the family's recipe, else fashion-mnist")
     parser.add_argument("--data-dir", default="", help="folder of the Fashion-MNIST IDX files")
     parser.add_argument("--train-size", type=int, default=0, help="0 = the whole training set")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="default: the family's recipe, else 10")
+    parser.add_argument("--augment", default=None, action=argparse.BooleanOptionalAction,
+                        help="random affine augmentation (default: the family's recipe)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: the family's recipe, else 128")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
     parser.add_argument("--no-probe", action="store_true", help="skip the linear probe")
+    parser.add_argument("--probe-depths", default="",
+                        help="also probe the features after these first blocks, e.g. 3,6")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     a = parser.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    depths = tuple(int(d) for d in a.probe_depths.split(",") if d.strip())
     result = pretrain(a.family, Path(a.out or default_checkpoint(a.family)), a.dataset,
                       a.train_size, a.epochs, a.batch_size, a.lr, a.seed, a.data_dir,
-                      device=a.device, probe=not a.no_probe)
+                      device=a.device, probe=not a.no_probe, augment_images=a.augment,
+                      probe_depths=depths)
+    by_depth = "".join(f", after {d} blocks {v:.4f}" for d, v in result["probe-depths"].items())
     print(f"{result['model']} ({result['model-args']}) pretrained on {result['dataset']} "
-          f"({result['train-examples']} examples x {a.epochs} epochs on {result['device']}): test "
-          f"accuracy {result['test-accuracy']:.4f}, linear probe on the six digit styles "
-          f"{result['probe-accuracy']:.4f}, {result['seconds']:.0f} s")
+          f"({result['train-examples']} examples x {result['epochs']} epochs on "
+          f"{result['device']}): test accuracy {result['test-accuracy']:.4f}, linear probe on "
+          f"the six digit styles (validation part) {result['probe-accuracy']:.4f}{by_depth}, "
+          f"{result['seconds']:.0f} s")
     print(f"use it with: model=\"{result['model']}\" model-args=\"{result['model-args']}\" "
           f"model-source=\"{result['path']}\"")
 
