@@ -377,26 +377,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
 
 # ---------------------------------------------------------------- the mini tier and its rates
 
-def _stand_in_presets(monkeypatch):
-    """Until the mini presets exist in a checkout, stand-ins with their shape: a 12-block ViT on
-    the six digit styles (depth methods) and four ViT widths (model groups)."""
-    import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets set
-    from fedtune_app.config import load_preset
-
-    vit = "img_size=16,patch_size=4,in_chans=3,embed_dim={},depth=12,num_heads=2"
-    mini = load_preset("offline-feature-skew") | {"model-source": "random",
-                                                  "model-args": vit.format(32)}
-    groups = {k: v for k, v in load_preset("model-groups-digits").items() if k != "method"} | {
-        "model-source": "random", "model-group-sources": "random", "capacities": "1*10",
-        "model-group-args": ";".join(vit.format(w) for w in (16, 32, 48, 64)),
-        "model-group-ratio": "3:3:2:2"}
-    real = cl.load_preset
-    monkeypatch.setattr(cl, "load_preset", lambda name: {"mini": mini, "mini-groups": groups}
-                        .get(name) or real(name))
-
-
-def test_the_mini_tier_plans_every_claim_with_ten_seeds(monkeypatch):
-    _stand_in_presets(monkeypatch)
+def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
     # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5)
     assert len(mini) == 26 and not any("-t3-" in i and "heterotune" in i for i in mini)
@@ -407,7 +388,7 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(monkeypatch):
     # third 4*6: FedRA, InclusiveFL (its AllSmall is mixed's); most 10*6: AllSmall, FedRA,
     # InclusiveFL; dynamic: its own 4; FedBRICK uneven: FedBRICK, FedRA (AllSmall 4*6 shared);
     # severe half and third: FedBRICK each (FedRA shared with FedRA's 6*6 and 4*6); model
-    # groups: 8 arms at 3:3:2:2, HeteroTune and Homo at 6:2:1:1 and at 1:1:2:6 (AllLarge and
+    # groups: 8 arms at 1:1:1, HeteroTune and Homo at 4:1:1 and at 1:1:4 (AllLarge and
     # AllSmall ignore the ratio): 9+4+4+4+2+3+4+2+1+1+8+2+2 = 46
     assert len(specs) == 46 * 10
     assert {s.seed for s in specs} == set(range(10))
@@ -437,13 +418,13 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
     from fedtune_app.apps.results import write_json
 
     monkeypatch.setitem(cl.reg.LR_GRID, "smoke", (0.01, 0.1, 0.2))
-    # a stand-in for the validation split's key: any key that sets tuning runs apart
-    monkeypatch.setattr(cl.reg, "TUNING_KEYS", {"eval-every": 1})
+    # the smoke preset holds no validation set: tuning runs carve one, as the mini preset does
+    monkeypatch.setattr(cl.reg, "TUNING_KEYS", cl.reg.TUNING_KEYS | {"validation-fraction": 0.2})
     (tmp_path / "tuning" / "smoke").mkdir(parents=True)
     specs = cl.plan_tuning([smoke_claim.id], "smoke")
     assert len(specs) == 3 * 3 * 2  # arms x rates x tuning seeds
     assert {s.seed for s in specs} == set(cl.reg.TUNING_SEEDS)
-    assert all(s.keys["eval-every"] == 1 for s in specs)
+    assert all(s.keys["evaluation-split"] == "validation" for s in specs)
     # validation curves (3 evaluations, primary = their mean = v): the peak at round 2
     value = {("fedra", 0.01): (60, 62), ("fedra", 0.1): (70, 71), ("fedra", 0.2): (70.5, 70.5),
              ("all-small", 0.01): (50, 50), ("all-small", 0.1): (40, 42),
