@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fedtune_app.federated.flower_private import parse_config_args
 
 from fedtune_app.apps.inprocess import run_inprocess
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.tools.cli import checkpoint_round
 from fedtune_app.tools.local_superlink import stop
 

@@ -7,13 +7,13 @@ import logging
 import shlex
 
 import pytest
-from fedtune_app.federated.flower_private import parse_config_args
 
 from fedtune_app.apps.client import publish_command
 from fedtune_app.apps.client_app import app as client_app
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import ConfigError
 from fedtune_app.data.splits import run_num_classes
+from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import resolve_config
 from fedtune_app.model.backbones import ModelSpec
 from fedtune_app.model.block_store import allows_whole_model, checkpoint_path
