@@ -192,6 +192,11 @@ def test_bytes_follow_the_ranks_each_client_holds(tmp_path):
                    for n, v in state.items() if n.startswith("blocks.0.") and ".lora_" in n)
     head = sum(v.size for n, v in state.items() if n.startswith("head."))
     floats = sum(c * r * per_rank + head for c, r in zip((4, 2, 1), (4, 2, 1)))
+    # per block at rank 1: mlp_tokens.fc2 (16 + 16) + mlp_channels.fc2 (128 + 32) = 192 floats;
+    # head 10 x 32 + 10 = 330
+    assert (per_rank, head) == (192, 330)
+    assert metrics["trainable-params"] == {"0": 4 * 4 * 192 + 330, "1": 2 * 2 * 192 + 330,
+                                           "2": 1 * 1 * 192 + 330}
     assert metrics["bytes-down"] == metrics["bytes-up"]
     framing = metrics["bytes-down"] - 4 * floats  # the record's own bytes, per tensor sent
     assert 0 <= framing < 200 * (4 * 4 + 2 * 4 + 1 * 4 + 3 * 2), framing
