@@ -77,7 +77,6 @@ from fedtune_app.config import ConfigError, RunConfig, setup_logging
 from fedtune_app.data.groups import group_config, group_of_name, group_specs, prefix
 from fedtune_app.data.splits import class_names_of
 from fedtune_app.methods import method_of
-from fedtune_app.methods.flexlora import top_factors
 from fedtune_app.model.adapters import PEFT_ADAPTER
 from fedtune_app.model.backbones import (
     EncoderLayered,
@@ -341,7 +340,11 @@ def at_rank(state: dict[str, np.ndarray], scale: float,
         dw = scale * (b.astype(np.float64) @ a.astype(np.float64))
         if (delta := state.get(f"{module}.lora_delta")) is not None:
             dw = dw + delta
-        new_b, new_a = top_factors(dw / scale, rank, "sqrt")
+        u, sigma, vt = np.linalg.svd(dw / scale, full_matrices=False)
+        # the top ``rank`` singular triples, split evenly; a thinner matrix's extra are zero
+        root = np.sqrt(np.pad(sigma[:rank], (0, max(0, rank - len(sigma)))))
+        new_b = np.pad(u[:, :rank], ((0, 0), (0, max(0, rank - u.shape[1])))) * root
+        new_a = root[:, None] * np.pad(vt[:rank], ((0, max(0, rank - vt.shape[0])), (0, 0)))
         out[f"{module}.lora_A.weight"] = new_a.astype(np.float32)
         out[f"{module}.lora_B.weight"] = new_b.astype(np.float32)
         norm = float(np.linalg.norm(dw))
