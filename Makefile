@@ -78,6 +78,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_simulation.py
 	$(BIN)/python benchmarks/bench_memory.py
 	$(BIN)/python benchmarks/bench_screening.py
+	$(BIN)/python benchmarks/bench_rank.py
 
 # `flwr run` leaves a detached local SuperLink (and its simulation) running: stop ours.
 stop:

@@ -454,14 +454,18 @@ def test_the_cli_help_says_what_each_option_does(capsys):
         export.main(["--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for part in ("usage: fedtune export [-h] [--merge] [--out OUT] [--extras] results",
+    for part in ("usage: fedtune export [-h] [--merge] [--out OUT] [--extras] [--rank K] "
+                 "results",
                  "Export a run's global model as a peft adapter folder (and with --merge the "
                  "merged model in its library's format).",
                  "results results folder of a finished run",
                  "--merge also save the base model with the LoRA adapters merged in",
                  "--out OUT output folder (default: <results>/export)",
                  "--extras write tensors no library module computes (bottleneck adapters, "
-                 "DepthFL exits) as fedtune-only files instead of refusing"):
+                 "DepthFL exits) as fedtune-only files instead of refusing",
+                 "--rank K LoRA runs: write each adapted Linear's whole update (lora_delta "
+                 "included: FLoRA, FedEx-LoRA, FlexLoRA) as its best rank-K LoRA factors (SVD); "
+                 "rank.json gives each one's relative error"):
         assert part in text
 
 

@@ -192,6 +192,11 @@ def test_bytes_follow_the_ranks_each_client_holds(tmp_path):
                    for n, v in state.items() if n.startswith("blocks.0.") and ".lora_" in n)
     head = sum(v.size for n, v in state.items() if n.startswith("head."))
     floats = sum(c * r * per_rank + head for c, r in zip((4, 2, 1), (4, 2, 1)))
+    # per block at rank 1: mlp_tokens.fc2 (16 + 16) + mlp_channels.fc2 (128 + 32) = 192 floats;
+    # head 10 x 32 + 10 = 330
+    assert (per_rank, head) == (192, 330)
+    assert metrics["trainable-params"] == {"0": 4 * 4 * 192 + 330, "1": 2 * 2 * 192 + 330,
+                                           "2": 1 * 1 * 192 + 330}
     assert metrics["bytes-down"] == metrics["bytes-up"]
     framing = metrics["bytes-down"] - 4 * floats  # the record's own bytes, per tensor sent
     assert 0 <= framing < 200 * (4 * 4 + 2 * 4 + 1 * 4 + 3 * 2), framing
@@ -206,3 +211,53 @@ def test_resumed_rank_run_ends_bit_for_bit_like_the_uninterrupted_one(method, tm
     [stopped] = (tmp_path / "stopped").iterdir()
     resumed = run(tmp_path / "resumed", resume=str(stopped), **keys)
     assert_same_tensors(final_state(resumed), final_state(whole))
+
+
+@pytest.mark.parametrize("method", ["flexlora", "hetlora"])
+def test_export_at_a_chosen_rank_folds_the_whole_update_into_peft_factors(method, tmp_path):
+    """dW = lora_delta + s B A per adapted Linear (s = 8 / 4 = 2); --rank K writes a peft LoRA
+    of rank K at scale s whose s B' A' is dW's best rank-K approximation: exact at K = 32 (the
+    smaller side of every adapted Linear: 16 x 16 and 32 x 128), with the Eckart-Young error
+    sqrt(sum of the squared singular values beyond K / all of them) at K = 1."""
+    from peft import PeftModel
+    from safetensors.numpy import load_file
+
+    from fedtune_app.tools.export import export_run
+
+    folder = run(tmp_path, method=method, ranks="4,2,1", **{"lora-r": 4, "lora-alpha": 8.0})
+    state = final_state(folder)
+    if method == "flexlora":  # the residual beyond rank 4 is a fedtune-only tensor
+        with pytest.raises(ConfigError, match="--rank K to fold each lora_delta"):
+            export_run(folder, out=tmp_path / "refused")
+    for k in (32, 1):
+        out = export_run(folder, out=tmp_path / f"rank{k}", rank=k)
+        saved = load_file(str(out / "adapter_model.safetensors"))
+        report = json.loads((out / "rank.json").read_text())
+        config = json.loads((out / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"]) == (k, 2.0 * k)
+        for module in [n.removesuffix(".lora_A.weight") for n in state if ".lora_A." in n]:
+            dw = 2.0 * state[module + ".lora_B.weight"].astype(np.float64) \
+                @ state[module + ".lora_A.weight"]
+            if method == "flexlora":
+                dw = dw + state[module + ".lora_delta"]
+            a = saved[f"base_model.model.{module}.lora_A.weight"].astype(np.float64)
+            b = saved[f"base_model.model.{module}.lora_B.weight"].astype(np.float64)
+            assert a.shape[0] == b.shape[1] == k
+            sigma = np.linalg.svd(dw, compute_uv=False)
+            tail = float(np.sqrt((sigma[k:] ** 2).sum() / (sigma ** 2).sum()))
+            # float32 factors of a float64 product: relative rounding of about 1e-7 per entry
+            tol = 1e-5 * float(np.abs(dw).max())
+            if k == 32:
+                np.testing.assert_allclose(2.0 * b @ a, dw, rtol=0, atol=tol)
+            assert np.linalg.norm(dw - 2.0 * b @ a) / np.linalg.norm(dw) == pytest.approx(
+                tail, abs=1e-5)
+            assert report["relative-error"][module] == pytest.approx(tail, abs=1e-9)
+        if method == "hetlora":  # its global update has rank <= 4: exact from K = 4 on
+            assert report["max-relative-error"] < 1e-6 or k == 1
+    # peft loads it at the same scale
+    cfg = resolve_config(json.loads((folder / "config.json").read_text())["run-config"])
+    from fedtune_app.model.backbones import ModelSpec, build_backbone
+    base = build_backbone(ModelSpec.from_config(cfg.model, 10)).library_model()
+    peft_model = PeftModel.from_pretrained(base, str(tmp_path / "rank1"))
+    module = peft_model.base_model.model.blocks[0].mlp_channels.fc2
+    assert module.scaling["default"] == 2.0 and module.r["default"] == 1

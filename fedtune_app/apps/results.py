@@ -85,7 +85,7 @@ class ResultsWriter:
         entry = self.strategy.history[-1]
         assert entry.round == server_round
         evaluation = evaluation or {}
-        trainable = {pid: int(sum(self.strategy.state[n].size for n in names))
+        trainable = {pid: sum(self.strategy.trained_size(pid, n) for n in names)
                      for pid, names in self.strategy.payload_names(entry).items()}
         record = {
             "round": server_round,

@@ -185,6 +185,11 @@ class LayerPlanStrategy(Strategy):
         return {pid: self.reply_names(by_pid[pid], self.client_payload(by_pid[pid], plan))
                 for pid, plan in entry.plans.items()}
 
+    def trained_size(self, partition_id: int, name: str) -> int:
+        """How many of tensor ``name``'s values partition ``partition_id`` trained this round
+        (default: all of the global tensor; a client of lower LoRA rank holds fewer)."""
+        return int(self.state[name].size)
+
     def export_state(self) -> dict[str, np.ndarray]:
         """The global model as saved in the results folder (HeteroTune: fused, Eq. 6)."""
         return self.state

@@ -177,6 +177,11 @@ class RankStrategy(FedRA):
     def train_config(self, client, plan):
         return {LORA_RANK: self.rank(client)}
 
+    def trained_size(self, partition_id, name):
+        """The first r_i components of a factor: the rank the client held this round."""
+        r = self.round_ranks.get(partition_id, self.top)
+        return int(truncate(name, self.state[name], r).size)
+
     def client_tensors(self, client, plan):
         r = self.round_ranks[client.partition_id] = self.rank(client)
         return {n: np.ascontiguousarray(truncate(n, self.state[n], r))

@@ -3,7 +3,7 @@
     fedtune run [--run-config "key=value ..."|FILE] [--results DIR]   one `flwr run` simulation
     fedtune compare --methods fedra,depthfl --run-config "..."          methods side by side
     fedtune analyze --per-client results/compare/runs                   tables and plots of runs
-    fedtune export RESULTS_FOLDER [--merge] [--out DIR] [--extras]      peft / transformers / timm
+    fedtune export RESULTS_FOLDER [--merge] [--out DIR] [--extras] [--rank K]   peft, transformers
     fedtune pretrain --family vit                                       offline vision checkpoint
     fedtune claims list | tune | run [ID ...] --tier mini | report      the papers' claims, verdicts
     fedtune stop                                                        stop our local SuperLink

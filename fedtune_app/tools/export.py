@@ -1,6 +1,6 @@
 """Export a run's final global model in the formats of the libraries it came from.
 
-    fedtune export results/fedra-seed0-20261123-101500 [--merge] [--out DIR] [--extras]
+    fedtune export results/fedra-seed0-20261123-101500 [--merge] [--out DIR] [--extras] [--rank K]
 
 writes into DIR (default: ``<results folder>/export``), for a single-model run, folders that the
 libraries' own loaders read correctly without fedtune (docs/usage.md, "Exporting a model", says
@@ -29,6 +29,17 @@ which loader reads which):
         layers; the full global model does not use them); with no peft folder, the head too.
         Where such tensors change the global model's prediction no library loader computes it:
         the export refuses unless ``--extras`` asks for these fedtune-only files.
+    rank.json (``--rank K``, LoRA runs)
+        the adapters at rank K: each adapted Linear's whole global update
+        dW = lora_delta + (lora_alpha / r) B A (the delta of FLoRA's merges, FedEx-LoRA's
+        residual, FlexLoRA's remainder beyond rank r; none in other runs) replaced by its best
+        rank-K approximation (SVD, Eckart-Young), written as a peft LoRA of rank K with the run's
+        scale (lora_alpha = K x the run's lora_alpha / r), so no fedtune-only delta is left;
+        rank.json gives each Linear's relative error ||dW - dW_K||_F / ||dW||_F (0 when K is
+        at least dW's rank). Their product is the one a FlexLoRA client of rank K receives
+        (FlexLoRA: B A is the top-r SVD of dW); HetLoRA's rank-K clients receive the first K
+        components instead, in general not the best rank-K approximation. The factors split
+        the singular values evenly (B = U sqrt(S), A = sqrt(S) V^T, over the scale).
     pooling.json
         how the classifier reads the encoder: ``mean`` (sentence-transformers checkpoints such as
         all-MiniLM-L6-v2 and all-mpnet-base-v2 are pooled by the token mean, which the Hugging
@@ -277,8 +288,10 @@ def set_class_names(library: nn.Module, class_names: list[str]) -> None:
         config.label2id = {name: i for i, name in enumerate(class_names)}
 
 
-def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: RunConfig):
-    """A real peft model of the base library model holding the run's LoRA tensors and head."""
+def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: RunConfig,
+                  rank: int | None = None):
+    """A real peft model of the base library model holding the run's LoRA tensors and head
+    (of rank ``rank`` at the run's scale lora-alpha / lora-r; None: the run's rank)."""
     from peft import LoraConfig, get_peft_model
 
     library = backbone.library_model()
@@ -290,7 +303,9 @@ def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: Run
     # AutoPeftModelForSequenceClassification loads the base through transformers' Auto class
     # (which honours the base folder's auto_map) and not a fixed library class
     task = "SEQ_CLS" if backbone.family.startswith("hf") else None
-    config = LoraConfig(r=cfg.adapter.lora_r, lora_alpha=cfg.adapter.lora_alpha, task_type=task,
+    r = rank or cfg.adapter.lora_r
+    config = LoraConfig(r=r, lora_alpha=cfg.adapter.lora_alpha * r / cfg.adapter.lora_r,
+                        task_type=task,
                         lora_dropout=cfg.adapter.lora_dropout,
                         target_modules="^(?:" + "|".join(map(re.escape, targets)) + ")$",
                         modules_to_save=[head])
@@ -309,6 +324,32 @@ def peft_model_of(backbone: LayeredModel, state: dict[str, np.ndarray], cfg: Run
                                                       rf".lora_\1.{PEFT_ADAPTER}.", lib)
             params[target].copy_(torch.as_tensor(value))
     return model.eval()
+
+
+def at_rank(state: dict[str, np.ndarray], scale: float,
+            rank: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Each adapted Linear's update dW = lora_delta + scale B A as rank-``rank`` factors with
+    scale B' A' = the best rank-``rank`` approximation of dW (the delta folded in and dropped);
+    returns them and each Linear's relative Frobenius error."""
+    modules = sorted({f"blocks.{m.group(1)}.{m.group(2)}" for n in state if (m := _LORA.match(n))})
+    out = {n: v for n, v in state.items()
+           if not _LORA.match(n) and not n.endswith(".lora_delta")}
+    errors = {}
+    for module in modules:
+        a, b = state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"]
+        dw = scale * (b.astype(np.float64) @ a.astype(np.float64))
+        if (delta := state.get(f"{module}.lora_delta")) is not None:
+            dw = dw + delta
+        u, sigma, vt = np.linalg.svd(dw / scale, full_matrices=False)
+        # the top ``rank`` singular triples, split evenly; a thinner matrix's extra are zero
+        root = np.sqrt(np.pad(sigma[:rank], (0, max(0, rank - len(sigma)))))
+        new_b = np.pad(u[:, :rank], ((0, 0), (0, max(0, rank - u.shape[1])))) * root
+        new_a = root[:, None] * np.pad(vt[:rank], ((0, max(0, rank - vt.shape[0])), (0, 0)))
+        out[f"{module}.lora_A.weight"] = new_a.astype(np.float32)
+        out[f"{module}.lora_B.weight"] = new_b.astype(np.float32)
+        norm = float(np.linalg.norm(dw))
+        errors[module] = float(np.linalg.norm(dw - scale * (new_b @ new_a))) / norm if norm else 0.0
+    return out, errors
 
 
 def check_state(backbone: LayeredModel, state: dict[str, np.ndarray], r: int) -> None:
@@ -353,8 +394,10 @@ _PREDICTING_EXTRAS = (".adapter.",)
 
 
 def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge: bool,
-                 class_names: list[str], extras_ok: bool = False) -> dict:
-    """One model's export into ``out``; returns what the model card lists."""
+                 class_names: list[str], extras_ok: bool = False,
+                 rank: int | None = None) -> dict:
+    """One model's export into ``out`` (``rank``: the LoRA update refactored at that rank);
+    returns what the model card lists."""
     if cfg.adapter.client_trains == "full":
         raise ConfigError("run-config key 'client-trains' = 'full': export writes adapters on "
                           "the pretrained backbone; a fully fine-tuned run's block weights are "
@@ -364,6 +407,15 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
     spec = ModelSpec.from_config(cfg.model, len(class_names))
     backbone = build_backbone(spec)
     check_state(backbone, state, cfg.adapter.lora_r)
+    rank_errors = None
+    if rank is not None:
+        if rank < 1:
+            raise ConfigError(f"--rank {rank}: a LoRA rank is a whole number >= 1")
+        if not any(_LORA.match(n) for n in state):
+            raise ConfigError(f"--rank {rank}: run-config key 'adapter' = "
+                              f"{cfg.adapter.adapter!r}: only LoRA factors have a rank")
+        scale = cfg.adapter.lora_alpha / cfg.adapter.lora_r
+        state, rank_errors = at_rank(state, scale, rank)
     library = backbone.library_model()
     set_class_names(library, class_names)
     pooling = pooling_of(backbone)
@@ -379,7 +431,9 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
             "module "
             f"for ({predicting[0]}, ... {len(predicting)} in all; see fedtune_extras.json's "
             "formulas). Pass --extras to write them anyway as fedtune-only files "
-            "(fedtune_extras.safetensors + fedtune_extras.json)")
+            "(fedtune_extras.safetensors + fedtune_extras.json)"
+            + ("; or --rank K to fold each lora_delta into rank-K LoRA factors"
+               if any(n.endswith(".lora_delta") for n in predicting) else ""))
     if merge and not has_lora:
         raise ConfigError(f"--merge: run-config key 'adapter' = {cfg.adapter.adapter!r}: only "
                           "LoRA adapters merge into the base weights (a bottleneck adapter "
@@ -398,7 +452,7 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
         base = str(out / "base")
         written.append("base/")
     if has_lora:
-        model = peft_model_of(backbone, state, cfg)
+        model = peft_model_of(backbone, state, cfg, rank)
         model.peft_config[PEFT_ADAPTER].base_model_name_or_path = base
         model.save_pretrained(str(out))
         written += ["adapter_config.json", "adapter_model.safetensors"]
@@ -416,6 +470,11 @@ def export_group(cfg: RunConfig, state: dict[str, np.ndarray], out: Path, merge:
         (out / "fedtune_extras.json").write_text(json.dumps(
             {"tensors": sorted(extras), "formulas": formulas}, indent=1))
         written += ["fedtune_extras.safetensors", "fedtune_extras.json"]
+    if rank_errors is not None:
+        (out / "rank.json").write_text(json.dumps(
+            {"rank": rank, "max-relative-error": max(rank_errors.values(), default=0.0),
+             "relative-error": rank_errors}, indent=1))
+        written.append("rank.json")
     (out / "pooling.json").write_text(json.dumps({"pooling": pooling}, indent=1))
     written.append("pooling.json")
     if merge:
@@ -481,16 +540,19 @@ def loaders(info: dict, where: str, max_length: int) -> list[str]:
 
 
 def model_card(cfg: RunConfig, metrics: list[dict], groups: dict, folder: Path, merge: bool,
-               class_names: list[str]) -> str:
+               class_names: list[str], rank: int | None = None) -> str:
     evaluated = [m for m in metrics if m.get("accuracy") is not None]
     last = evaluated[-1] if evaluated else {}
     accuracy = f"{100 * last['accuracy']:.2f}% (round {last['round']})" if last else "not evaluated"
     overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.flat.items())
                          if k != "results-dir")
+    alpha_k = cfg.adapter.lora_alpha * (rank or 1) / cfg.adapter.lora_r
     lines = [f"# fedtune export: {cfg.method} on {cfg.data.dataset}", "",
              f"- method: `{cfg.method}`, adapter `{cfg.adapter.adapter}` on "
              f"`{cfg.adapter.adapter_modules}` (r={cfg.adapter.lora_r}, "
-             f"alpha={cfg.adapter.lora_alpha})",
+             f"alpha={cfg.adapter.lora_alpha})"
+             + (f"; exported at rank {rank} (alpha={alpha_k:g}, the same scale; rank.json: "
+                "each Linear's relative error)" if rank else ""),
              f"- data: `{cfg.data.dataset}`, partitioner `{cfg.data.partitioner}`, capacities "
              f"`{cfg.federation.capacities}`, seed {cfg.seed}",
              "- classes (label id: name): " + ", ".join(f"{i}: {n}"
@@ -498,7 +560,7 @@ def model_card(cfg: RunConfig, metrics: list[dict], groups: dict, folder: Path, 
              f"- rounds: {cfg.federation.num_server_rounds}; global test accuracy {accuracy}",
              f"- from: `{folder}`",
              f"- made by: `fedtune export {shlex.quote(str(folder))}"
-             f"{' --merge' if merge else ''}`", ""]
+             f"{' --merge' if merge else ''}{f' --rank {rank}' if rank else ''}`", ""]
     for g, info in groups.items():
         where = "." if g is None else f"group-{g}"
         lines += [f"## {where}: {info['model']} ({info['source']})", "",
@@ -516,7 +578,7 @@ def run_class_names(folder: Path, cfg: RunConfig) -> list[str]:
 
 
 def export_run(folder: Path, out: Path | None = None, merge: bool = False,
-               extras: bool = False) -> Path:
+               extras: bool = False, rank: int | None = None) -> Path:
     folder = Path(folder).resolve()
     cfg, state, metrics = load_run(folder)
     class_names = run_class_names(folder, cfg)
@@ -529,9 +591,10 @@ def export_run(folder: Path, out: Path | None = None, merge: bool = False,
     for g, tensors in states.items():
         gcfg = cfg if g is None else group_config(cfg, g)
         groups[g] = export_group(gcfg, tensors, out if g is None else out / f"group-{g}", merge,
-                                 class_names, extras)
+                                 class_names, extras, rank)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(model_card(cfg, metrics, groups, folder, merge, class_names))
+    (out / "README.md").write_text(model_card(cfg, metrics, groups, folder, merge, class_names,
+                                              rank))
     return out
 
 
@@ -547,10 +610,14 @@ def main(argv=None) -> None:
     parser.add_argument("--extras", action="store_true",
                         help="write tensors no library module computes (bottleneck adapters, "
                              "DepthFL exits) as fedtune-only files instead of refusing")
+    parser.add_argument("--rank", type=int, default=None, metavar="K",
+                        help="LoRA runs: write each adapted Linear's whole update (lora_delta "
+                             "included: FLoRA, FedEx-LoRA, FlexLoRA) as its best rank-K LoRA "
+                             "factors (SVD); rank.json gives each one's relative error")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        out = export_run(args.results, args.out, args.merge, args.extras)
+        out = export_run(args.results, args.out, args.merge, args.extras, args.rank)
     except ConfigError as err:
         parser.exit(2, f"fedtune export: {err}\n")
     print(out)
