@@ -166,12 +166,37 @@ def augment(images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out - 1
 
 
+def augment_styles(images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random image transforms of the kinds the mini tier's domains apply, drawn per image and
+    independently (each with probability 0.25): a quarter turn, inversion, Gaussian noise (sd
+    0.5), 4x4 blockiness, random stroke and background colours. The source images are other
+    images (Fashion-MNIST, MNIST), never the UCI digits: a stand-in for ImageNet weights, which
+    have seen photographs in many renderings before meeting NICO++'s or DomainNet's domains."""
+    n = len(images)
+    pick = torch.rand(n, 5, generator=gen) < 0.25
+    out = images.clone()
+    turn = pick[:, 0]
+    out[turn] = torch.rot90(out[turn], int(torch.randint(1, 4, (1,), generator=gen)), (2, 3))
+    out[pick[:, 1]] = -out[pick[:, 1]]
+    noise = pick[:, 2]
+    out[noise] = (out[noise] + 0.5 * torch.randn(out[noise].shape, generator=gen)).clamp(-1, 1)
+    block = pick[:, 3]
+    out[block] = nn.functional.interpolate(nn.functional.adaptive_avg_pool2d(out[block], 4),
+                                           size=out.shape[-2:], mode="nearest")
+    colour = pick[:, 4]
+    ink = (out[colour].mean(1, keepdim=True) + 1) / 2
+    fg = torch.rand((int(colour.sum()), 3, 1, 1), generator=gen) * 2 - 1
+    bg = torch.rand((int(colour.sum()), 3, 1, 1), generator=gen) * 2 - 1
+    out[colour] = ink * fg + (1 - ink) * bg
+    return out
+
+
 def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int = 0,
              epochs: int | None = None, batch_size: int | None = None, lr: float = 3e-3,
              seed: int = 0,
              data_dir: str = "", progress: bool = True, device: str = "auto",
              probe: bool = True, augment_images: bool | None = None,
-             probe_depths: tuple[int, ...] = ()) -> dict:
+             probe_depths: tuple[int, ...] = (), styles: bool | None = None) -> dict:
     """Train, evaluate, save; returns {'accuracy', 'seconds', 'path', ...}. ``dataset``,
     ``epochs``, ``batch_size`` and ``augment_images`` default to the family's recipe
     (``RECIPES``), else fashion-mnist, 10 epochs, batch 128, no augmentation."""
@@ -186,6 +211,7 @@ def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int
     epochs = epochs or recipe.get("epochs", 10)
     batch_size = batch_size or recipe.get("batch_size", 128)
     augment_images = recipe.get("augment", False) if augment_images is None else augment_images
+    augment_styles_too = recipe.get("styles", False) if styles is None else styles
     if dataset not in DATASETS:
         raise ValueError(f"pretraining data set {dataset!r}; allowed: {', '.join(DATASETS)}")
     started = time.perf_counter()
@@ -221,6 +247,8 @@ def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             x = augment(images[batch], gen) if augment_images else images[batch]
+            if augment_styles_too:
+                x = augment_styles(x, gen)
             loss = nn.functional.cross_entropy(model(x), labels[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -245,7 +273,8 @@ def pretrain(family: str, out: Path, dataset: str | None = None, train_size: int
             "test-accuracy": f"{accuracy:.4f}",
             "digit-styles-probe-accuracy": f"{probes['all']:.4f}",
             "train-examples": str(len(train_idx)), "epochs": str(epochs),
-            "augment": str(bool(augment_images)).lower(), "seed": str(seed), "lr": str(lr),
+            "augment": str(bool(augment_images)).lower(),
+            "styles": str(bool(augment_styles_too)).lower(), "seed": str(seed), "lr": str(lr),
             "batch-size": str(batch_size)}
     meta |= {f"digit-styles-probe-accuracy-depth-{d}": f"{probes[d]:.4f}" for d in probe_depths
              if d in probes}
@@ -271,6 +300,9 @@ def main(argv=None) -> None:
                         help="default: the family's recipe, else 10")
     parser.add_argument("--augment", default=None, action=argparse.BooleanOptionalAction,
                         help="random affine augmentation (default: the family's recipe)")
+    parser.add_argument("--styles", default=None, action=argparse.BooleanOptionalAction,
+                        help="random quarter turns, inversion, noise, blockiness and colours "
+                             "(default: the family's recipe)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="default: the family's recipe, else 128")
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -287,7 +319,7 @@ def main(argv=None) -> None:
     result = pretrain(a.family, Path(a.out or default_checkpoint(a.family)), a.dataset,
                       a.train_size, a.epochs, a.batch_size, a.lr, a.seed, a.data_dir,
                       device=a.device, probe=not a.no_probe, augment_images=a.augment,
-                      probe_depths=depths)
+                      probe_depths=depths, styles=a.styles)
     by_depth = "".join(f", after {d} blocks {v:.4f}" for d, v in result["probe-depths"].items())
     print(f"{result['model']} ({result['model-args']}) pretrained on {result['dataset']} "
           f"({result['train-examples']} examples x {result['epochs']} epochs on "
