@@ -379,8 +379,9 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
 
 def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
-    # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5)
-    assert len(mini) == 26 and not any("-t3-" in i and "heterotune" in i for i in mini)
+    # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5),
+    # and the six of the LoRA-rank papers' abstracts
+    assert len(mini) == 26 + 6 and not any("-t3-" in i and "heterotune" in i for i in mini)
     specs = cl.plan_runs([], "mini", lr_mode="paper")
     # distinct runs per seed, counted by hand from the registry: fedra-uneven 9 arms;
     # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
@@ -389,8 +390,10 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     # InclusiveFL; dynamic: its own 4; FedBRICK uneven: FedBRICK, FedRA (AllSmall 4*6 shared);
     # severe half and third: FedBRICK each (FedRA shared with FedRA's 6*6 and 4*6); model
     # groups: 8 arms at 1:1:1, HeteroTune and Homo at 4:1:1 and at 1:1:4 (AllLarge and
-    # AllSmall ignore the ratio): 9+4+4+4+2+3+4+2+1+1+8+2+2 = 46
-    assert len(specs) == 46 * 10
+    # AllSmall ignore the ratio): 9+4+4+4+2+3+4+2+1+1+8+2+2 = 46; LoRA ranks: mixed 8,8,4,4,2,2:
+    # FedIT at rank 8 and at rank 2 (the gate), FedIT, FLoRA, FlexLoRA, HetLoRA; every client
+    # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8
+    assert len(specs) == (46 + 8) * 10
     assert {s.seed for s in specs} == set(range(10))
     one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
     assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
@@ -405,6 +408,50 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     # tuned rates are the default: before any tuning run, planning says what to do first
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         cl.plan_runs([], "mini")
+
+
+def test_the_rank_settings_hold_every_block_and_share_their_gate():
+    """The LoRA-rank claims: all 12 blocks on every client, the ranks as the setting or the gate
+    arm says; FedIT at rank 8 (AllLarge), at rank 2 (AllSmall) and FedIT in the homogeneous
+    setting are one run each, whichever setting asks."""
+    def keys(setting, arm):
+        return cl.run_config("mini", setting, arm, 0, 0.01)
+
+    mixed, same = "rank-mixed", "rank-homogeneous"
+    assert {(keys(mixed, a)["method"], keys(mixed, a)["ranks"], keys(mixed, a)["capacities"])
+            for a in ("flora", "fedit-r8", "fedit-r2")} == {
+        ("flora", "8,8,4,4,2,2", "12*6"), ("fedit", "8*6", "12*6"), ("fedit", "2*6", "12*6")}
+    for arm in ("fedit-r8", "fedit-r2"):
+        assert cl.config_hash(keys(mixed, arm)) == cl.config_hash(keys(same, arm))
+    assert cl.config_hash(keys(same, "fedit")) == cl.config_hash(keys(mixed, "fedit-r8"))
+    assert cl.config_hash(keys(mixed, "flora")) != cl.config_hash(keys(same, "flora"))
+    # the gate's arms are the settings' reference and AllSmall
+    assert [cl.claim_arms(CLAIMS["fedex-lora-vs-fedit"])[i] for i in (0, 1)] == [
+        (same, "fedit-r8"), (same, "fedit-r2")]
+
+
+def test_a_paper_difference_that_could_not_be_read_is_shown_so(hand_tier, monkeypatch):
+    """A claim read from an abstract alone has no paper's difference: the tables say "not
+    readable", no position against our interval and no ratio, instead of a number or +nan."""
+    import dataclasses
+
+    for missing in (None, math.nan):
+        claim = dataclasses.replace(cl.CLAIMS["t-a"], paper_difference=missing)
+        monkeypatch.setitem(cl.CLAIMS, "t-a", claim)
+        row = _rows(hand_tier)["t-a"]
+        # ours is still computed: differences 10, 9, 8 over a gap of 11, 12, 13
+        assert row["verdict"].difference.mean == pytest.approx(9.0)
+        assert cl.effect_text(row) == ("-", "+0.75 (paper n/a)")
+        line = next(ln for ln in cl.verdict_rows([row]) if "`t-a`" in ln)
+        assert line.startswith("| `t-a` | FedRA Table 1 | not readable | 9.00 ± 2.48 (95%) | - |")
+        text = "\n".join(cl.claim_section(row, "t", {}))
+        assert "(difference not readable)" in text and "the paper's not readable" in text
+        assert "nan" not in line + text
+    # a readable difference keeps its number and its position
+    monkeypatch.setitem(cl.CLAIMS, "t-a", dataclasses.replace(claim, paper_difference=20.0))
+    row = _rows(hand_tier)["t-a"]
+    assert cl.effect_text(row)[0] == cs.OURS_SMALLER  # 20 above 9 + 2.48
+    assert "| +20.00 |" in next(ln for ln in cl.verdict_rows([row]) if "`t-a`" in ln)
 
 
 def test_rate_rule_highest_validation_mean_ties_to_the_smaller():

@@ -654,17 +654,32 @@ def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None
     return rows
 
 
+NOT_READABLE = "not readable"
+
+
+def paper_readable(claim: Claim) -> bool:
+    """Whether the paper's own difference could be read (None or NaN: it could not)."""
+    return claim.paper_difference is not None and math.isfinite(claim.paper_difference)
+
+
+def paper_text(claim: Claim) -> str:
+    return f"{claim.paper_difference:+.2f}" if paper_readable(claim) else NOT_READABLE
+
+
 def effect_text(row: dict) -> tuple[str, str]:
-    """(where the paper's difference lies against ours, ours / gap beside the paper's ratio)."""
+    """(where the paper's difference lies against ours, ours / gap beside the paper's ratio);
+    a paper whose difference could not be read has no position ("-") and no ratio ("n/a")."""
     c, v = row["claim"], row["verdict"]
     if v.difference is None or v.difference.n < 2:
         return "-", "-"
-    position = cs.effect_position(c.paper_difference, v.difference)
+    readable = paper_readable(c)
+    position = cs.effect_position(c.paper_difference, v.difference) if readable else "-"
     st = SETTINGS[claim_settings(c)[0]]
     gap = row["gaps"].get(st.id, (None,))[0]
     ours = f"{v.difference.mean / gap.mean:+.2f}" if gap and gap.mean else "-"
     paper = (f"{c.paper_difference / (st.paper_large - st.paper_small):+.2f}"
-             if st.paper_large is not None and st.paper_small is not None else "n/a")
+             if readable and st.paper_large is not None and st.paper_small is not None
+             else "n/a")
     return position, f"{ours} (paper {paper})"
 
 
@@ -753,9 +768,13 @@ TIER_TEXT = {
             "client per domain and every class on every client (FedRA's and FedBRICK's feature "
             "skew), the papers' capacity profiles unscaled (12,10,8,6,4,3; 6*6; 4*6; 10*6; "
             "10,10,6,6,4,4; U[1,12] each round with AllSmall on 3; FedBRICK's 12,10,8,6,5,4), "
-            "AllLarge and AllSmall as the papers define them: presets `conf/mini.toml` (depth "
-            "methods) and `conf/mini-groups.toml` (HeteroTune's model groups: ViTs of several "
-            "widths pretrained the same way, on the same domains). "
+            "AllLarge and AllSmall as the papers define them; the LoRA-rank papers' headline "
+            "comparisons on the same model and splits with all 12 blocks on every client and "
+            "LoRA ranks 8,8,4,4,2,2 or 8 on all (our profiles: only their abstracts could be "
+            "read), the gate FedIT with every client at rank 8 against rank 2: presets "
+            "`conf/mini.toml` (depth and rank methods) and `conf/mini-groups.toml` "
+            "(HeteroTune's model groups: ViTs of several widths pretrained the same way, on "
+            "the same domains). "
             f"{reg.TIER_SEEDS['mini']} paired seeds per claim. Each arm's rate is chosen once per "
             "setting on the validation split carved from the training pool "
             f"(`evaluation-split = \"validation\"`) from {{{_grid('mini')}}} on seeds "
@@ -816,12 +835,13 @@ HOW_TO_READ = (
     "(`scipy.stats.nct`). **Effect size**: whether the paper's difference lies inside our "
     "interval (consistent), above it (ours smaller) or below it (ours larger); and the "
     "difference over the setting's AllLarge - AllSmall gap beside the paper's same ratio (n/a "
-    "where the paper reports no AllSmall). **The gate**, in three parts: (1) every arm "
-    "converged: per seed the mean over the last 20% of rounds minus the mean over the 20% "
-    f"before, its 95% interval's upper end below {cs.FLAT_POINTS:g} point, else **not "
-    "converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% interval, lower "
-    "end) above the claim's detectable difference, else **setting not discriminative**; (3) an "
-    "arm whose final evaluation is below AllSmall's, or more than "
+    "where the paper reports no AllSmall); a paper whose difference could not be read here "
+    "(only its abstract) shows \"not readable\" and no position. **The gate**, in three "
+    "parts: (1) every arm converged: per seed the mean over the last 20% of rounds minus the "
+    f"mean over the 20% before, its 95% interval's upper end below {cs.FLAT_POINTS:g} point, "
+    "else **not converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% "
+    "interval, lower end) above the claim's detectable difference, else **setting not "
+    "discriminative**; (3) an arm whose final evaluation is below AllSmall's, or more than "
     f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**. "
     "**Test-set error**: a seed redraws the training data, not the test set, so the test set's "
     "own sampling error is shown beside the seeds' spread: a bootstrap over test examples where "
@@ -886,7 +906,7 @@ def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
         ci = "-" if v.difference is None else (
             f"{_ci(v.difference)} ({v.difference.confidence:.0%})"
             if v.difference.n > 1 else _ci(v.difference))
-        line = (f"| `{c.id}` | {c.paper} {c.table} | {c.paper_difference:+.2f} | {ci} | "
+        line = (f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | {ci} | "
                 f"{position} | {ratio} | {_p(v.p)} | {_p(v.p_holm)} | "
                 f"{'-' if not math.isfinite(v.detectable) else f'{v.detectable:.2f}'} | "
                 f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
@@ -901,7 +921,7 @@ def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
     lines = [f"#### `{c.id}`: {_verdict_text(row)}", "",
              f"{c.paper}, {c.table}: {c.sentence}. Direction: {c.direction}"
              + (f", margin {c.margin:g} points" if c.margin else "") + ".", "",
-             f"- Paper: {c.paper_numbers} (difference {c.paper_difference:+.2f}).",
+             f"- Paper: {c.paper_numbers} (difference {paper_text(c)}).",
              f"- Settings: {', '.join(f'`{s}`' for s in claim_settings(c))}; statistic: "
              + " ".join(f"{w:+g} x {a} ({s})" for w, s, a in c.terms) + ".",
              f"- Choices: {c.choices}"]
@@ -940,7 +960,7 @@ def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
                      + (f"test set {err:.2f} points ({how})." if math.isfinite(err)
                         else "test set: unknown for these records."))
         position, ratio = effect_text(row)
-        lines.append(f"- Effect size: the paper's {c.paper_difference:+.2f} against ours: "
+        lines.append(f"- Effect size: the paper's {paper_text(c)} against ours: "
                      f"{position}; difference / (AllLarge - AllSmall): {ratio}.")
     conv = "; ".join(f"{a} {_ci(g) if isinstance(g, cs.Interval) else g}"
                      + ("" if ok is None else " ok" if ok else " **not converged**")
@@ -1092,7 +1112,7 @@ def verdict_table(tier: str, store: Path = STORE) -> list[str]:
              "| seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
     for row in evaluate(tier, store):
         c, v = row["claim"], row["verdict"]
-        lines.append(f"| `{c.id}` | {c.paper} {c.table} | {c.paper_difference:+.2f} | "
+        lines.append(f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | "
                      f"{_ci(v.difference)} | {effect_text(row)[0]} | {_p(v.p_holm)} | "
                      f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
     return lines

@@ -1,5 +1,6 @@
-"""The claims of FedRA, FedBRICK and HeteroTune that ``fedtune claims`` checks, and the settings
-they run in.
+"""The claims of FedRA, FedBRICK and HeteroTune, and the headline comparisons of the LoRA-rank
+papers (FLoRA, FlexLoRA, HetLoRA, FedEx-LoRA) that their abstracts state, which ``fedtune
+claims`` checks, and the settings they run in.
 
 A ``Setting`` is one federated scenario (model, data, capacities, training) with its run-config
 keys per tier: ``mini`` (the papers' design in miniature: a 12-block ViT pretrained offline, six
@@ -121,7 +122,9 @@ class Claim:
     direction: str  # greater | within | similar (claims_stats)
     margin: float  # accuracy points; 0 for 'greater'
     paper_numbers: str  # the paper's numbers this claim rests on, with their table row
-    paper_difference: float  # the paper's own difference of the same statistic (points)
+    # the paper's own difference of the same statistic (points); None where no number of it could
+    # be read (the report prints "not readable" and places no effect against ours)
+    paper_difference: float | None
     seeds: int = 3  # seeds on tiers without a count of their own (TIER_SEEDS)
     priority: int = 9  # campaign order: lower runs first
     choices: str = ""  # open choices of the paper and how they were made here
@@ -153,6 +156,11 @@ ARMS = {a.label: a for a in [
     # over 10 minutes here, where client training takes about 1.5)
     Arm("feddf", "feddf", tier_keys={"cpu": {"feddf-distillation": "epochs"}}),
     Arm("flexifed", "flexifed"), Arm("pfedlora", "pfedlora"),
+    # LoRA-rank methods: each client's rank from the setting's 'ranks'; the gate's two arms fix
+    # every client's rank (FedIT, plain FedAvg of A and B, at the largest and the smallest rank)
+    Arm("fedit", "fedit"), Arm("flora", "flora"), Arm("flexlora", "flexlora"),
+    Arm("hetlora", "hetlora"), Arm("fedex-lora", "fedex-lora"),
+    Arm("fedit-r8", "fedit", {"ranks": "8*6"}), Arm("fedit-r2", "fedit", {"ranks": "2*6"}),
 ]}
 
 
@@ -191,6 +199,10 @@ FEDBRICK = dict(paper_large=76.81, paper_small=None,
                 paper_gap="FedBRICK Table 1, ViT DomainNet AllLayers; it reports no AllSmall")
 HETERO_CIFAR = dict(paper_large=80.76, paper_small=62.25,
                     paper_gap="HeteroTune Tables 1 and 5, CIFAR-10 Avg")
+# the LoRA-rank settings: all 12 blocks on every client; gate arms and the papers' numbers
+RANK_KEYS = {"capacities": "12*6"}
+RANK_GATE = dict(reference="fedit-r8", small="fedit-r2", paper_large=None, paper_small=None,
+                 paper_gap="the rank papers' tables could not be read offline")
 DOMAIN_SKEW = {"partitioner": "domain-dirichlet", "clients-per-domain": 5, "dirichlet-alpha": 0.5,
                "capacity-profile": "per-domain", "capacities": "12,10,8,6,4,3",
                "clients-per-round": 6, "client-sampling": "per-domain"}
@@ -269,6 +281,21 @@ SETTINGS = {s.id: s for s in [
             _tiers(None, None, {"preset": "heterotune-t5-cifar10-ratio",
                                 "model-group-ratio": "1:1:2:6"}, groups=True,
                    mini={"model-group-ratio": "1:1:4"}), **HETERO_CIFAR),
+    # LoRA-rank heterogeneity on the depth settings' model, data and splits: every client holds
+    # all 12 blocks, clients differ in their LoRA rank (at most the preset's lora-r, 8). The
+    # gate: FedIT with every client at rank 8 (AllLarge) against every client at rank 2, the
+    # smallest rank of the mixed profile (AllSmall, FlexLoRA's "bucket effect")
+    Setting("rank-mixed", "Clients of mixed LoRA ranks 8,8,4,4,2,2 of at most 8, every client "
+            "holding all 12 blocks; AllLarge = FedIT with every client at rank 8, AllSmall = "
+            "FedIT with every client at rank 2. mini: this profile is ours (the papers' rank "
+            "profiles could not be read offline; FlexLoRA and HetLoRA mix small and large "
+            "ranks)",
+            _tiers(None, None, None, mini=RANK_KEYS | {"ranks": "8,8,4,4,2,2"}),
+            **RANK_GATE),
+    Setting("rank-homogeneous", "Every client at LoRA rank 8 with all 12 blocks (FLoRA's and "
+            "FedEx-LoRA's homogeneous setting; their ranks could not be read offline); the "
+            "gate as in rank-mixed (its runs are shared)",
+            _tiers(None, None, None, mini=RANK_KEYS | {"ranks": "8*6"}), **RANK_GATE),
 ] + [Setting(f"heterotune-llama-{task}", f"HeteroTune Table 3, LLaMA-3.2-1B + 3B on GLUE {task}",
              _tiers(None, {"preset": f"heterotune-t3-glue-{task}"}, None, groups=True),
              paper_large=large, paper_small=small, paper_gap=f"HeteroTune Table 3, {task} Avg")
@@ -293,6 +320,19 @@ HETERO_SETUP = ("HeteroTune Sec. 4: Dirichlet 0.1, 50 rounds, 20 local epochs, l
                 "(feddf-distillation = epochs, FedMD's digest budget) instead of up to 10^4 "
                 "Adam steps per round and group (about 1140 passes over this tier's 35 public "
                 "examples).")
+
+RANK_SETUP = ("The papers fine-tune language models on text; here the mini tier's ViT, data, "
+              "splits and training (conf/mini.toml: LoRA lora-r 8 on the last FC of both "
+              "sublayers and the head, lora-alpha 8, so every arm has the same scaling and the "
+              "arms differ in aggregation only; FLoRA's official code scales by 2), every "
+              "client with all 12 blocks. Each method runs with its fedtune defaults (its "
+              "module's docstring); HetLoRA's gamma and lambda are the module's defaults, the "
+              "paper's values could not be read offline. Only the abstracts could be read: "
+              "the papers' tables, their rank profiles and their differences could not.")
+# left out: FFA-LoRA's abstract claims "more consistent performance with better computational
+# efficiency over vanilla LoRA" in privacy-preserving FL (DP), no higher accuracy without DP;
+# FedSA-LoRA's abstract names no comparison ("demonstrate the effectiveness") and its headline
+# is each client's personalised model, not a global model
 
 # margins of the 'within' / 'similar' claims, each fixed here with its reason (not from the
 # paper's own estimate)
@@ -439,6 +479,55 @@ CLAIMS = {c.id: c for c in [
             choices=HETERO_SETUP + " GPU tier only (bf16, a CUDA GPU).")
       for task, h, o in [("sst2", 93.99, 92.70), ("cola", 79.85, 71.36),
                          ("qqp", 90.44, 87.17)]],
+    # ---- the LoRA-rank papers: abstracts only ----
+    Claim("flora-mixed-vs-fedit", "FLoRA", "abstract",
+          "Under mixed client ranks FLoRA (stacking, exact aggregate) beats FedIT (zero-padded "
+          "FedAvg of A and B)",
+          _versus("flora", "fedit", "rank-mixed"), "greater", 0.0,
+          "abstract only (Wang et al., NeurIPS 2024, arXiv 2409.05976): \"superior performance "
+          "in both homogeneous and heterogeneous settings, surpassing state-of-the-art "
+          "methods\", no number; its tables could not be read offline", None, priority=9,
+          choices=RANK_SETUP),
+    Claim("flora-homogeneous-vs-fedit", "FLoRA", "abstract",
+          "With every client at the same rank FLoRA beats FedIT",
+          _versus("flora", "fedit-r8", "rank-homogeneous"), "greater", 0.0,
+          "abstract only (arXiv 2409.05976): \"superior performance in both homogeneous and "
+          "heterogeneous settings\", no number; its tables could not be read offline", None,
+          priority=9, choices=RANK_SETUP),
+    Claim("flexlora-vs-smallest-rank", "FlexLoRA", "abstract",
+          "FlexLoRA with mixed ranks beats tying every client to the smallest rank (the "
+          "'bucket effect')",
+          _versus("flexlora", "fedit-r2", "rank-mixed"), "greater", 0.0,
+          "abstract only (Bai et al., NeurIPS 2024, arXiv 2402.11505): it mitigates the "
+          "\"bucket effect\" that ties clients with ample resources to the least-resourced "
+          "ones; v1: \"up to a 3.1% average improvement in downstream NLP task "
+          "performance\" (a maximum over its settings, baseline not named, relative or "
+          "absolute not said: not the same statistic, so not used as the paper's "
+          "difference); its tables could not be read offline", None, priority=9,
+          choices=RANK_SETUP),
+    Claim("flexlora-vs-hetlora", "FlexLoRA", "abstract",
+          "Under mixed client ranks FlexLoRA beats HetLoRA",
+          _versus("flexlora", "hetlora", "rank-mixed"), "greater", 0.0,
+          "abstract only (arXiv 2402.11505 v2): \"consistently better improvement over SOTA "
+          "FL methods ... across various heterogeneous distributions\"; the abstract names "
+          "no method, HetLoRA (the heterogeneous-rank method before it) is our reading; no "
+          "number; its tables could not be read offline", None, priority=9,
+          choices=RANK_SETUP),
+    Claim("hetlora-vs-smallest-rank", "HetLoRA", "abstract",
+          "HetLoRA with mixed ranks beats homogeneous LoRA at the smallest client rank",
+          _versus("hetlora", "fedit-r2", "rank-mixed"), "greater", 0.0,
+          "abstract only (Cho et al., EMNLP 2024, arXiv 2401.06432): homogeneous LoRA ranks "
+          "\"face a trade-off between overfitting and slow convergence\", which HetLoRA's "
+          "heterogeneous ranks address; which homogeneous rank it beats and by how much could "
+          "not be read offline (homogeneous LoRA at the smallest rank, which every client can "
+          "hold, is our reading)", None, priority=9, choices=RANK_SETUP),
+    Claim("fedex-lora-vs-fedit", "FedEx-LoRA", "abstract",
+          "With every client at the same rank FedEx-LoRA (exact aggregation) beats FedIT",
+          _versus("fedex-lora", "fedit-r8", "rank-homogeneous"), "greater", 0.0,
+          "abstract only (Singhal et al., ACL 2025, arXiv 2410.09432): FedAvg of the LoRA "
+          "adapters gives \"inexact updates\"; FedEx-LoRA shows \"consistent performance "
+          "gains over state-of-the-art methods across multiple settings\", no number; its "
+          "tables could not be read offline", None, priority=9, choices=RANK_SETUP),
 ]}
 
 
