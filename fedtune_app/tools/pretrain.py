@@ -28,8 +28,13 @@ inputs in 4x4 patches: 16 tokens and a class token). Their recipe (``RECIPES``, 
 these families): Fashion-MNIST's 60,000 training images together with the 4,000 training
 images of MNIST-5k (labels 10-19: 20 classes, as ImageNet holds the classes of NICO++ and
 DomainNet; the federated task is a different digit set, the UCI digits, in six styles), random
-affine augmentation (rotation, scale, shift), 10 epochs at batch 256, AdamW (lr 3e-3, one-cycle
-schedule), seed 0. On one CPU core: about 15 minutes (vit12), 6 (vit12-s), 3 (vit12-t). The
+affine augmentation (rotation, scale, shift) and random renderings of the kinds the six styles
+use (``augment_styles``: quarter turns, inversion, noise, blockiness, colours; ImageNet weights
+have likewise seen photographs in many renderings), 10 epochs at batch 256, AdamW (lr 3e-3,
+one-cycle schedule), seed 0. On one CPU core: about 16 minutes (vit12), 6 (vit12-s), 3
+(vit12-t). The linear probe on the styles' validation digits after 3 / 6 / 12 blocks: vit12
+0.42 / 0.60 / 0.76, vit12-s 0.35 / 0.47 / 0.64, vit12-t 0.26 / 0.34 / 0.47 (affine only:
+0.51 / 0.56 / 0.58 for vit12). The
 command is deterministic for a seed on one machine; the file goes to ``~/.cache/fedtune``,
 never into git. ``--probe-depths`` reports the linear probe of the features after the first k
 blocks (what a client holding k blocks starts from), on a validation part of the six styles'
@@ -63,7 +68,7 @@ MODELS = {
 }
 # a family's defaults where they differ from the command's (the mini tier's recipe)
 MINI_RECIPE = {"dataset": "fashion-mnist+mnist-5k", "epochs": 10, "augment": True,
-               "batch_size": 256}
+               "styles": True, "batch_size": 256}
 RECIPES = {"vit12": MINI_RECIPE, "vit12-s": MINI_RECIPE, "vit12-t": MINI_RECIPE}
 DATASETS = ("fashion-mnist", "digits", "fashion-mnist+mnist-5k")
 CACHE = Path("~/.cache/fedtune")
