@@ -174,6 +174,7 @@ def test_twelve_block_stand_ins_load_with_their_widths(checkpoints):
             meta = f.metadata()
         # the recipe's augmentation applies unless the call says otherwise; one epoch as asked
         assert meta["augment"] == "true" and meta["epochs"] == "1" and meta["seed"] == "0"
+        assert meta["styles"] == "true"  # the mini recipe's renderings
 
 
 def test_augmentation_is_seeded_and_fills_with_background():
@@ -187,6 +188,20 @@ def test_augmentation_is_seeded_and_fills_with_background():
     assert torch.equal(a, augment(x, torch.Generator().manual_seed(1)))
     assert not torch.equal(a, augment(x, torch.Generator().manual_seed(2)))
     assert a.min() >= -1 - 1e-6 and a.max() <= 1 + 1e-6  # bilinear mixes of [-1, 1] values
+
+
+def test_renderings_are_seeded_and_touch_the_expected_share_of_images():
+    from fedtune_app.tools.pretrain import augment_styles
+
+    x = torch.rand(4000, 3, 16, 16) * 2 - 1  # no image equals any of its renderings
+    a = augment_styles(x, torch.Generator().manual_seed(1))
+    assert torch.equal(a, augment_styles(x, torch.Generator().manual_seed(1)))
+    assert not torch.equal(a, augment_styles(x, torch.Generator().manual_seed(2)))
+    assert a.min() >= -1 and a.max() <= 1
+    # five independent renderings at 1/4 each: 1 - (3/4)^5 = 0.763 of the images change;
+    # binomial sd on 4000 images 0.0067, so 5 sd = 0.034
+    changed = (a != x).flatten(1).any(1).float().mean().item()
+    assert abs(changed - (1 - 0.75 ** 5)) < 0.034
 
 
 def test_mixer_checkpoint_loads_through_the_class_fallback(checkpoints):
