@@ -2,8 +2,9 @@
 SuperNodes on loopback, each node declaring its own rank in ``--node-config`` (``rank=4``,
 ``rank=2``, ``rank=1``). The run config names no ranks, so without the declarations every client
 would hold 'lora-r' = 8 (the smoke preset's): what the server sends, receives and merges shows
-it planned from the ranks the nodes reported. FLoRA runs one round. A node declaring more than 'lora-r' is refused at the
-start-up query, in process (the node config reaches the same ClientApp handler).
+it planned from the ranks the nodes reported. FLoRA runs one round. A node declaring more than
+'lora-r' is refused at the start-up query, in process (the node config reaches the same ClientApp
+handler).
 
 Smoke preset: Mixer, 4 blocks, LoRA on mlp_tokens.fc2 (16 -> 16) and mlp_channels.fc2
 (128 -> 32). Rank r of an (out x in) pair is r (in + out) floats: per block r (16 + 16) +
