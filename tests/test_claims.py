@@ -89,17 +89,36 @@ def test_verdicts_with_holm_over_the_tier(hand_tier):
     assert rows["t-a"]["gaps"]["t-hand"][1] is True  # 12 - 2.48 = 9.52 > 3.26
 
 
+def test_tier_summary_counts_verdicts_and_the_median_detectable(hand_tier):
+    rows = cl.evaluate("t", records=hand_tier)
+    text = cl.tier_summary(rows, hand_tier)[0]
+    assert text.startswith("Campaign: 1 inconclusive, 1 reproduced. ")
+    # detectable scales with the std: t-a (s = 1) d, t-b (s = 2) 2d; their median 1.5 d
+    d = cs.detectable(1.0, 3, "greater")
+    assert d == pytest.approx(3.264, abs=1e-3)  # test_claims_stats checks it by power
+    assert f"over the 2 claims with every seed in: {1.5 * d:.2f} points" in text
+    assert "Slowest arm: " in text and ", 1 s a run on average" in text
+
+
 def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     records = dict(hand_tier)
     del records["t-hand", "inclusivefl", 2]
     rows = _rows(records)
     assert rows["t-a"]["verdict"].verdict == cs.RUNNING  # 2 of 3 seeds
-    # alone in Holm's family now: t-b keeps its own p
-    assert rows["t-b"]["verdict"].p_holm == pytest.approx(1 - math.sqrt(6.75 / 8.75))
+    # the family is planned: t-a still counts, as p = 1, so t-b's p is doubled, not its own
+    assert rows["t-b"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(6.75 / 8.75)))
+    assert math.isnan(rows["t-a"]["verdict"].p_holm) and "test_alone" not in rows["t-a"]
     # a rising arm: rounds 28-40 at 70, 74, 78, 78: gain 78 - 72 = 6 on every seed
     for s in range(3):
         records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 78, 78])
-    assert _rows(records)["t-a"]["verdict"].verdict == cs.NOT_CONVERGED
+    row = _rows(records)["t-a"]
+    assert row["verdict"].verdict == cs.NOT_CONVERGED
+    # no verdict, but the test still counts: primaries 80 + s against 76.67, differences
+    # 3.33, 4.33, 5.33 (mean 13/3, s 1): t^2 = 169 / 3, p = 1 - sqrt(169 / 175) = 0.017292;
+    # Holm x 2 = 0.034584 < 0.05: the test alone says reproduced
+    assert row["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(169 / 175)), rel=1e-9)
+    assert row["test_alone"] == cs.REPRODUCED
+    assert "the test alone: reproduced" in cl._verdict_text(row)
     # AllLarge within the detectable difference of AllSmall: not discriminative
     records = dict(hand_tier)
     for s in range(3):

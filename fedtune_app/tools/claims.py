@@ -562,7 +562,8 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
     settings = claim_settings(claim)
     seeds = [s for s in range(need) if all((st, a, s) in records for _, st, a in claim.terms)]
     row = {"claim": claim, "tier": tier, "seeds": seeds, "need": need, "per_arm": {},
-           "testable": False, "differences": [], "convergence": {}, "gaps": {}, "collapse": {}}
+           "testable": False, "tested": False, "differences": [], "convergence": {}, "gaps": {},
+           "collapse": {}}
     if not seeds:
         row["verdict"] = cs.Verdict(cs.NOT_RUN)
         return row
@@ -614,6 +615,8 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
         verdict, reason = cs.INCONCLUSIVE, f"same as {claim.same_as}: counted there"
     else:
         row["testable"] = True
+    # every claim with all its seeds is a test of the family, gate passed or not
+    row["tested"] = len(seeds) == need and not claim.same_as
     row["verdict"] = cs.Verdict(verdict or cs.INCONCLUSIVE, ci, p, math.nan, detect, reason,
                                 tuple(f"{a}: {w}" for a, w in row["collapse"].items()))
     return row
@@ -634,18 +637,23 @@ def _identical(claim: Claim, records: dict, seeds: list[int]) -> bool | None:
 
 def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
              lr_mode: str = "tuned") -> list[dict]:
-    """One row per claim of the tier with its verdict: Holm's adjustment over the claims that
-    reached a test (all seeds in, converged, discriminative, not a duplicate)."""
+    """One row per claim of the tier with its verdict. Holm's family is every claim the tier
+    plans (duplicates counted once), fixed before any run: a claim without all its seeds
+    counts as p = 1, so an adjusted p never shrinks because other claims have not run yet.
+    A claim whose gate fails keeps its adjusted p and what its test alone says
+    (``row["test_alone"]``), but no verdict."""
     records = load_records(tier, store, lr_mode) if records is None else records
     claims = [c for c in CLAIMS.values() if tier in tiers_of(c)]
     rates = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
     rows = [evaluate_claim(c, tier, records, rates) for c in claims]
-    adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["testable"] else math.nan
-                        for r in rows})
+    adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["tested"] else 1.0
+                        for r in rows if not r["claim"].same_as})
     for row in rows:
         v, c = row["verdict"], row["claim"]
-        if row["testable"]:
+        if row["tested"]:
             decided = cs.decide(row["differences"], c.direction, c.margin, adjusted[c.id])
+            if not row["testable"]:
+                row["test_alone"], decided = decided, v.verdict
             v = cs.Verdict(decided, v.difference, v.p, adjusted[c.id], v.detectable, v.reason,
                            v.flags)
         row["verdict"] = v
@@ -700,6 +708,8 @@ def _verdict_text(row: dict) -> str:
     text = f"**{v.verdict}**"
     if v.reason:
         text += f" ({v.reason})"
+    if row.get("test_alone"):
+        text += f"; the test alone: {row['test_alone']}"
     if v.flags and v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE):
         text += f"; {cs.COLLAPSING}"
     if row["claim"].same_as and row.get("identical") is not None:
@@ -827,9 +837,11 @@ HOW_TO_READ = (
     "the best round on the test set. **Tests** (scipy), each at "
     f"alpha = {cs.ALPHA:g}: 'greater' a two-sided paired t-test with its 95% interval; 'within "
     "m' (non-inferiority) and 'similar within m' (equivalence, two one-sided tests) one-sided, "
-    "with 90% intervals; the **Holm** column adjusts the p-values of the tier's claims that "
-    f"reached a test (family-wise error {cs.ALPHA:g}), and a verdict (**reproduced** / "
-    "**refuted**) needs the adjusted p below it, else **inconclusive**. **Detectable**: the "
+    "with 90% intervals; the **Holm** column adjusts the p-values over every claim the tier "
+    f"plans (family-wise error {cs.ALPHA:g}; a claim without all its seeds counts as p = 1, a "
+    "claim equal to another once), and a verdict (**reproduced** / **refuted**) needs the "
+    "adjusted p below it, else **inconclusive**; a claim whose gate fails gets no verdict, only "
+    "what its test alone would say. **Detectable**: the "
     f"smallest difference (for 'within' / 'similar': margin) the claim's seeds establish with "
     f"{cs.POWER:.0%} power at the observed spread, from the exact noncentral t "
     "(`scipy.stats.nct`). **Effect size**: whether the paper's difference lies inside our "
@@ -1058,7 +1070,7 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
-    lines += verdict_rows(rows, beside) + [""]
+    lines += verdict_rows(rows, beside) + [""] + tier_summary(rows, records)
     if choices:
         lines += [f"### Learning rates of tier `{tier}`", "",
                   f"Rule (fixed before any run): {reg.LR_RULE}. Validation means (points) per "
@@ -1104,6 +1116,40 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
         lines += [f"### Records of tier `{tier}` and the code that made them", ""]
         lines += older_code_section(tier, records)
     return lines
+
+
+DETECTABLE_TARGET = 3.0  # points: the median detectable difference a tier should reach
+SECONDS_TARGET = 120  # a run's budget on one idle core
+
+
+def tier_summary(rows: list[dict], records: dict) -> list[str]:
+    """How far the tier's campaign is, and its two cost targets: the median detectable
+    difference over the claims with every seed in, and the slowest arm's mean run time."""
+    if not records:
+        return []
+    counts: dict = {}
+    for row in rows:
+        counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
+    done = [row["verdict"].detectable for row in rows
+            if row["tested"] and math.isfinite(row["verdict"].detectable)]
+    per_arm: dict = {}
+    seen: set = set()  # a run shared by settings (AllLarge) counts under the first
+    order = list(SETTINGS)
+    for (st, arm, _), r in sorted(records.items(), key=lambda kv: order.index(kv[0][0])):
+        if r.get("file", id(r)) not in seen:
+            seen.add(r.get("file", id(r)))
+            per_arm.setdefault((st, arm), []).append(r["seconds"])
+    slow_key, slow = max(((k, float(np.mean(v))) for k, v in per_arm.items()),
+                         key=lambda kv: kv[1])
+    text = ("Campaign: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". ")
+    if done:
+        text += (f"Median detectable difference over the {len(done)} claims with every seed "
+                 f"in: {float(np.median(done)):.2f} points (target at most "
+                 f"{DETECTABLE_TARGET:g}). ")
+    text += (f"Slowest arm: {slow_key[1]} in `{slow_key[0]}`, {slow:.0f} s a run on average "
+             f"(target at most {SECONDS_TARGET} s on one idle core; the campaign ran two runs "
+             "at a time on two cores, one torch thread each).")
+    return [text, ""]
 
 
 def verdict_table(tier: str, store: Path = STORE) -> list[str]:
