@@ -179,9 +179,11 @@ def test_setting_table_row_shows_each_model_group_of_a_two_group_method():
     row = cl.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
     assert row == ("| homo | 2 | 45.00 ± 63.53 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, "
                    "largest 25.00 ± 63.53) | - | 0.00 ± 0.00 ok | +0.00 | 0.03 | 0 | 200 |")
-    # one model on every client (AllLarge): both groups' figures are its own, nothing to add
-    assert cl.arm_row("all-large", [rec(0.9, 0.9, 10)]) == (
-        "| all-large | 1 | 90.00 (n=1) | 90.00 (n=1) | - | 0.00 (n=1) | +0.00 | 0.03 | 0 | 10 |")
+    # one model on every client (AllLarge): both groups' figures are its own, nothing to add;
+    # a record keeping its CPU seconds shows them beside the wall seconds
+    assert cl.arm_row("all-large", [rec(0.9, 0.9, 10) | {"cpu-seconds": 8.4}]) == (
+        "| all-large | 1 | 90.00 (n=1) | 90.00 (n=1) | - | 0.00 (n=1) | +0.00 | 0.03 | 0 | "
+        "10 (CPU 8) |")
 
 
 # ---------------------------------------------------------------- runs on the smoke preset
@@ -343,6 +345,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert {r["commit"] for r in records} == {"commit0"}  # the code the process loaded
     assert len(list((store / "runs" / "smoke").glob("*.json"))) == 6
     assert all(r["rejected-replies"] == 0 and r["rounds"] == 2 for r in records)
+    assert all(r["cpu-seconds"] > 0 for r in records)  # one core's cost, beside the wall time
 
     executed.clear()  # unchanged keys: every run is found by its hash and reused
     again = cl.run_claims([smoke_claim.id], "smoke", None, store, results, log=lambda t: None)

@@ -365,7 +365,7 @@ def code_fingerprint(root: Path = ROOT) -> str:
 
 
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
-                  fingerprint: str | None = None) -> dict:
+                  fingerprint: str | None = None, cpu_seconds: float | None = None) -> dict:
     """The small record of a finished run: its curve, final metrics, rejected replies, which test
     examples its last evaluations got right, and the fingerprint of the code that ran it."""
     from fedtune_app.apps.evaluation import unpack_correct
@@ -385,6 +385,8 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
               "final": curve[-1]["accuracy"],
               "rejected-replies": sum(len(m.get("rejected") or ()) for m in metrics),
               "seconds": round(seconds, 1), "rounds": len(metrics),
+              # this process's CPU time: one core's cost, whatever else shared the machine
+              **({} if cpu_seconds is None else {"cpu-seconds": round(cpu_seconds, 1)}),
               "commit": commit, "fingerprint": fingerprint or code_fingerprint(),
               "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     window = correct[-cs.LAST_EVALUATIONS:]
@@ -408,9 +410,10 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
     from fedtune_app.apps.results import write_json
 
     commit = commit or git_commit()
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier)}))
-    record = summarize_run(spec, folder, time.time() - started, commit, fingerprint)
+    record = summarize_run(spec, folder, time.time() - started, commit, fingerprint,
+                           time.process_time() - cpu_started)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
                                    else folder)
     out = store / spec.folder / spec.tier
@@ -868,7 +871,9 @@ def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
     group that learnt nothing); the validation-chosen round, the convergence window, the rate."""
     prim = cs.t_interval([primary_points(r) for r in rs])
     finals = cs.t_interval([final_points(r) for r in rs])
-    secs = sum(r["seconds"] for r in rs) / len(rs)
+    secs = f"{sum(r['seconds'] for r in rs) / len(rs):.0f}"
+    if all("cpu-seconds" in r for r in rs):
+        secs += f" (CPU {sum(r['cpu-seconds'] for r in rs) / len(rs):.0f})"
     last = [r["curve"][-1] for r in rs]
 
     def final_of(key: str) -> str:
@@ -896,12 +901,12 @@ def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
     return (f"| {arm} | {len(rs)} | {_ci(prim)} | {finals_text} | {selected} | {window} | "
             f"{under_best:+.2f}{' (falls)' if under_best < -cs.COLLAPSE_POINTS else ''} | "
             f"{'-' if lr is None else f'{lr:g}'} | {sum(r['rejected-replies'] for r in rs)} | "
-            f"{secs:.0f} |")
+            f"{secs} |")
 
 
 ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validation-chosen round "
               "(test %) | last-20% gain (95% CI), converged | final - own best | lr | rejected "
-              "replies | seconds per run |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "replies | seconds per run (CPU) |", "|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
@@ -1138,7 +1143,7 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     for (st, arm, _), r in sorted(records.items(), key=lambda kv: order.index(kv[0][0])):
         if r.get("file", id(r)) not in seen:
             seen.add(r.get("file", id(r)))
-            per_arm.setdefault((st, arm), []).append(r["seconds"])
+            per_arm.setdefault((st, arm), []).append(r.get("cpu-seconds", r["seconds"]))
     slow_key, slow = max(((k, float(np.mean(v))) for k, v in per_arm.items()),
                          key=lambda kv: kv[1])
     text = ("Campaign: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". ")
@@ -1147,8 +1152,9 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
                  f"in: {float(np.median(done)):.2f} points (target at most "
                  f"{DETECTABLE_TARGET:g}). ")
     text += (f"Slowest arm: {slow_key[1]} in `{slow_key[0]}`, {slow:.0f} s a run on average "
-             f"(target at most {SECONDS_TARGET} s on one idle core; the campaign ran two runs "
-             "at a time on two cores, one torch thread each).")
+             f"(target at most {SECONDS_TARGET} s on one idle core: CPU seconds where a record "
+             "keeps them, else wall seconds, the campaign running two runs at a time on two "
+             "cores, one torch thread each).")
     return [text, ""]
 
 
