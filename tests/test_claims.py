@@ -521,3 +521,25 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
     assert {(s.arm, s.keys["lr"]) for s in cl.plan_runs(
         [smoke_claim.id], "smoke", store=tmp_path, lr_mode="paper")} == {
         ("fedra", 0.01), ("all-small", 0.01), ("all-large", 0.01)}
+
+
+def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):
+    runs = tmp_path / "runs" / "t"
+    runs.mkdir(parents=True)
+    stored = [("a", "fedra", {"seconds": 4000.0, "cpu-seconds": 3600.0}),
+              ("a", "fedra", {"seconds": 8000.0, "cpu-seconds": 7200.0}),
+              ("b", "all-small", {"seconds": 1800.0})]  # no CPU seconds: its wall seconds
+    for i, (setting, arm, secs) in enumerate(stored):
+        (runs / f"{setting}__{arm}__seed{i}__h{i}.json").write_text(
+            json.dumps({"setting": setting, "arm": arm} | secs))
+    done = cl.RunSpec("t", "a", "fedra", 0, {"seed": 0})
+    (runs / f"{done.name}.json").write_text(json.dumps({"setting": "a", "arm": "fedra",
+                                                        "seconds": 1.0}))
+    todo = [cl.RunSpec("t", st, arm, 1, {"seed": i + 1}) for i, (st, arm) in enumerate(
+        (("a", "fedra"), ("c", "fedra"), ("c", "all-small"), ("c", "depthfl")))]
+    # fedra: mean CPU of its runs in 'a' (the finished one, 1 s, included): (3600 + 7200 + 1) / 3
+    # twice (in 'a', and in 'c' from the tier's fedra runs); all-small 1800 s; depthfl unknown
+    hours = (2 * (3600 + 7200 + 1) / 3 + 1800) / 3600
+    assert cl.estimate_cost([done] + todo, tmp_path) == (
+        f"4 of 5 runs to do: about {hours:.1f} core-hours at the stored seconds of the same arm; "
+        "1 runs of arms with no stored run not counted")

@@ -149,6 +149,30 @@ def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
     return json.loads(hits[0].read_text()) if hits else None
 
 
+def estimate_cost(specs: list[RunSpec], store: Path = STORE) -> str:
+    """What the runs still to do cost, from the stored records of the same arm: its mean CPU
+    seconds (else wall seconds) in the same setting, else in any setting of the tier."""
+    todo = [s for s in specs if find_cached(s, store) is None]
+    seconds: dict = {}
+    for tier in {s.tier for s in todo}:
+        for folder in ("runs", "tuning"):
+            for path in (store / folder / tier).glob("*.json"):
+                r = json.loads(path.read_text())
+                cost = r.get("cpu-seconds", r["seconds"])
+                seconds.setdefault((tier, r["setting"], r["arm"]), []).append(cost)
+                seconds.setdefault((tier, r["arm"]), []).append(cost)
+    known, unknown = 0.0, 0
+    for s in todo:
+        past = seconds.get((s.tier, s.setting, s.arm)) or seconds.get((s.tier, s.arm))
+        if past:
+            known += float(np.mean(past))
+        else:
+            unknown += 1
+    text = (f"{len(todo)} of {len(specs)} runs to do: about {known / 3600:.1f} core-hours at "
+            "the stored seconds of the same arm")
+    return text + (f"; {unknown} runs of arms with no stored run not counted" if unknown else "")
+
+
 def match_claims(patterns: list[str], tier: str) -> list[Claim]:
     """Claims named by id or glob (all claims of the tier when none), in priority order.
 
@@ -1210,7 +1234,8 @@ def main(argv=None) -> int:
         p.add_argument("--arms", default="", metavar="LABEL,...",
                        help="only these arms, e.g. 'all-large,all-small' (the gate's) first, or "
                        "a disjoint share per process")
-        p.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
+        p.add_argument("--dry-run", action="store_true",
+                       help="list the runs and estimate what the ones to do cost; run nothing")
         p.add_argument("--no-report", action="store_true", help="do not regenerate the report")
     run.add_argument("--seeds", type=int, default=None,
                      help="seeds 0..N-1 for every claim (default: each claim's fixed count on "
@@ -1242,8 +1267,10 @@ def main(argv=None) -> int:
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "tune":
         if args.dry_run:
-            for spec in plan_tuning(args.ids, args.tier, arms):
+            specs = plan_tuning(args.ids, args.tier, arms)
+            for spec in specs:
                 print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
+            print(estimate_cost(specs))
             return 0
         setup_logging()
         choices = tune_claims(args.ids, args.tier, log=log, arms=arms)
@@ -1255,9 +1282,11 @@ def main(argv=None) -> int:
         extra = parse_config_args([args.set]) if args.set else {}
         data_dirs = parse_data_dirs(args.data_dir)
         if args.dry_run:
-            for spec in plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
-                                  lr_mode=args.lr, data_dirs=data_dirs):
+            specs = plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
+                              lr_mode=args.lr, data_dirs=data_dirs)
+            for spec in specs:
                 print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
+            print(estimate_cost(specs))
             return 0
         setup_logging()
         run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
