@@ -119,6 +119,17 @@ def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     assert row["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(169 / 175)), rel=1e-9)
     assert row["test_alone"] == cs.REPRODUCED
     assert "the test alone: reproduced" in cl._verdict_text(row)
+    # read at single rounds 24-40: InclusiveFL 70, 70, 74, 78, 78 against FedRA 80 + s: the
+    # differences 10 + s, 10 + s, 6 + s, 2 + s, 2 + s, each with s = 1 (± 2.48): all above 0
+    assert [(r, ci.mean) for r, ci in row["by_round"]] == [
+        (24, 11.0), (28, 11.0), (32, 7.0), (36, 3.0), (40, 3.0)]
+    assert "the same side at every one" in cl.by_round_text(row)
+    assert "same side at each of the last 5 evaluations" in cl._verdict_text(row)
+    for s in range(3):  # it ends at 82: 80 + s - 82 = -2, -1, 0 at rounds 36 and 40 (-1 ± 2.48)
+        records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 82, 82])
+    row = _rows(records)["t-a"]
+    assert "across the boundary at some" in cl.by_round_text(row)
+    assert "same side" not in cl._verdict_text(row)
     # AllLarge within the detectable difference of AllSmall: not discriminative
     records = dict(hand_tier)
     for s in range(3):

@@ -196,3 +196,18 @@ def test_power_where_scipys_noncentral_t_returns_nan():
     # lies opposite the noncentrality and holds nothing, the other everything: power 1
     assert cs.power(100.0, 1.0, 2) == pytest.approx(1.0)
     assert math.isfinite(cs.detectable(1.0, 2))
+
+
+def test_interval_side_of_each_direction():
+    ci = cs.t_interval([1.0, 2.0, 3.0])  # 2 ± 2.48: (-0.48, 4.48)
+    assert cs.interval_side(ci, "greater") == "?"
+    assert cs.interval_side(cs.t_interval([3.0, 4.0, 5.0]), "greater") == "+"
+    assert cs.interval_side(cs.t_interval([-5.0, -4.0, -3.0]), "greater") == "-"
+    # within 1 (non-inferiority): (-0.48, 4.48) lies above -1; within 0.1 it spans -0.1
+    assert cs.interval_side(ci, "within", 1.0) == "+"
+    assert cs.interval_side(ci, "within", 0.1) == "?"
+    assert cs.interval_side(cs.t_interval([-5.0, -4.0, -3.0]), "within", 1.0) == "-"
+    # similar within 5: inside (-5, 5); within 1: across 1; (5.52, 10.48) wholly outside 5
+    assert cs.interval_side(ci, "similar", 5.0) == "+"
+    assert cs.interval_side(ci, "similar", 1.0) == "?"
+    assert cs.interval_side(cs.t_interval([7.0, 8.0, 9.0]), "similar", 5.0) == "-"

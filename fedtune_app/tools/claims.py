@@ -583,6 +583,24 @@ def test_set_error(claim: Claim, tier: str, records: dict, seeds: list[int]) -> 
             f"binomial bound on {n} test examples (these records keep no per-example results)")
 
 
+READ_AT_ROUNDS = 5  # the last evaluations a claim's difference is also shown at, one by one
+
+
+def differences_by_round(claim: Claim, records: dict, seeds: list[int],
+                         last: int = READ_AT_ROUNDS) -> list[tuple[int, cs.Interval]]:
+    """The claim's paired difference read at each of the last evaluated rounds that every run
+    of it has, one evaluation each (not the primary metric's mean of three): whether the
+    answer depends on the round it is read at."""
+    curves = [dict(curve_points(records[st, a, s])) for s in seeds for _, st, a in claim.terms]
+    rounds = sorted(set.intersection(*(set(c) for c in curves)))[-last:]
+    out = []
+    for r in rounds:
+        diffs = [sum(c * dict(curve_points(records[st, a, s]))[r] for c, st, a in claim.terms)
+                 for s in seeds]
+        out.append((r, cs.t_interval(diffs, cs.interval_for(claim.direction))))
+    return out
+
+
 def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None) -> dict:
     """A claim's numbers and its verdict before Holm's adjustment (``evaluate`` adjusts)."""
     need = claim_seeds(claim, tier)
@@ -620,7 +638,8 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
              for s in seeds]
     ci = cs.t_interval(diffs, cs.interval_for(claim.direction))
     detect = cs.detectable(ci.std, need, claim.direction)
-    row |= {"differences": diffs, "test_error": test_set_error(claim, tier, records, seeds)}
+    row |= {"differences": diffs, "test_error": test_set_error(claim, tier, records, seeds),
+            "by_round": differences_by_round(claim, records, seeds)}
     for st in settings:
         gap, gap_seeds = setting_gap(st, records)
         row["gaps"][st] = (gap, cs.discriminates(gap, detect) if gap else None, gap_seeds)
@@ -737,6 +756,10 @@ def _verdict_text(row: dict) -> str:
         text += f" ({v.reason})"
     if row.get("test_alone"):
         text += f"; the test alone: {row['test_alone']}"
+        sides = {cs.interval_side(ci, row["claim"].direction, row["claim"].margin)
+                 for _, ci in row["by_round"]}
+        if len(sides) == 1 and "?" not in sides:
+            text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
     if v.flags and v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE):
         text += f"; {cs.COLLAPSING}"
     if row["claim"].same_as and row.get("identical") is not None:
@@ -882,6 +905,10 @@ HOW_TO_READ = (
     "interval, lower end) above the claim's detectable difference, else **setting not "
     "discriminative**; (3) an arm whose final evaluation is below AllSmall's, or more than "
     f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**. "
+    f"**Read at single rounds**: each claim's difference is also shown at each of its last "
+    f"{READ_AT_ROUNDS} evaluations with the side of the boundary its interval lies on "
+    "(unadjusted: a check that the answer does not depend on the round it is read at, not a "
+    "test). "
     "**Test-set error**: a seed redraws the training data, not the test set, so the test set's "
     "own sampling error is shown beside the seeds' spread: a bootstrap over test examples where "
     "the records keep which examples each run got right, else the binomial bound "
@@ -957,6 +984,20 @@ def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
     return lines
 
 
+def by_round_text(row: dict) -> str:
+    """The difference at each of the last evaluated rounds, with the side its interval lies on
+    (no adjustment for reading it several times: a check of stability, not a test)."""
+    c = row["claim"]
+    reads = [(r, ci, cs.interval_side(ci, c.direction, c.margin)) for r, ci in row["by_round"]]
+    sides = {side for _, _, side in reads}
+    same = ("the same side at every one" if len(sides) == 1 and "?" not in sides
+            else "the side changes with the round" if {"+", "-"} <= sides
+            else "across the boundary at some")
+    return (f"- Read at single rounds ({reads[0][1].confidence:.0%} intervals, unadjusted; "
+            "+ the claim's side, - the other, ? across): "
+            + ", ".join(f"round {r} {_ci(ci)} {side}" for r, ci, side in reads) + f": {same}.")
+
+
 def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
     c, v = row["claim"], row["verdict"]
     lines = [f"#### `{c.id}`: {_verdict_text(row)}", "",
@@ -1003,6 +1044,7 @@ def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
         position, ratio = effect_text(row)
         lines.append(f"- Effect size: the paper's {paper_text(c)} against ours: "
                      f"{position}; difference / (AllLarge - AllSmall): {ratio}.")
+        lines.append(by_round_text(row))
     conv = "; ".join(f"{a} {_ci(g) if isinstance(g, cs.Interval) else g}"
                      + ("" if ok is None else " ok" if ok else " **not converged**")
                      for a, (ok, g) in row["convergence"].items())

@@ -216,6 +216,18 @@ def check_margin(direction: str, margin: float) -> None:
         raise ValueError(f"margin {margin}: expected > 0 for 'within'/'similar', >= 0 otherwise")
 
 
+def interval_side(ci: Interval, direction: str, margin: float = 0.0) -> str:
+    """Which side of the claim's boundary an interval lies on, read without adjustment: the
+    claim's side ("+"), the other ("-"), or across the boundary ("?")."""
+    if direction == "greater":
+        return "+" if ci.low > 0 else "-" if ci.high < 0 else "?"
+    if direction == "within":
+        return "+" if ci.low > -margin else "-" if ci.high < -margin else "?"
+    if -margin < ci.low and ci.high < margin:
+        return "+"
+    return "-" if ci.high < -margin or ci.low > margin else "?"
+
+
 def effect_position(paper: float, ours: Interval) -> str:
     """Where the paper's difference lies against our interval."""
     if not (math.isfinite(ours.low) and math.isfinite(ours.high)):
