@@ -1228,12 +1228,14 @@ def verdict_table(tier: str, store: Path = STORE) -> list[str]:
     """The compact verdict table of one tier (the README quotes it)."""
     lines = ["| claim | paper | paper's difference | ours (CI) | paper's against ours | Holm p "
              "| seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
-    for row in evaluate(tier, store):
+    records = load_records(tier, store)
+    rows = evaluate(tier, store, records)
+    for row in rows:
         c, v = row["claim"], row["verdict"]
         lines.append(f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | "
                      f"{_ci(v.difference)} | {effect_text(row)[0]} | {_p(v.p_holm)} | "
                      f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
-    return lines
+    return lines + [""] + tier_summary(rows, records)[:1]
 
 
 def update_readme(readme: Path, tiers=TIERS, store: Path = STORE) -> None:
