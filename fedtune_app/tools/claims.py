@@ -591,14 +591,12 @@ def differences_by_round(claim: Claim, records: dict, seeds: list[int],
     """The claim's paired difference read at each of the last evaluated rounds that every run
     of it has, one evaluation each (not the primary metric's mean of three): whether the
     answer depends on the round it is read at."""
-    curves = [dict(curve_points(records[st, a, s])) for s in seeds for _, st, a in claim.terms]
-    rounds = sorted(set.intersection(*(set(c) for c in curves)))[-last:]
-    out = []
-    for r in rounds:
-        diffs = [sum(c * dict(curve_points(records[st, a, s]))[r] for c, st, a in claim.terms)
-                 for s in seeds]
-        out.append((r, cs.t_interval(diffs, cs.interval_for(claim.direction))))
-    return out
+    curves = {(st, a, s): dict(curve_points(records[st, a, s]))
+              for s in seeds for _, st, a in claim.terms}
+    rounds = sorted(set.intersection(*(set(c) for c in curves.values())))[-last:]
+    return [(r, cs.t_interval([sum(c * curves[st, a, s][r] for c, st, a in claim.terms)
+                               for s in seeds], cs.interval_for(claim.direction)))
+            for r in rounds]
 
 
 def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None) -> dict:
@@ -989,6 +987,8 @@ def by_round_text(row: dict) -> str:
     (no adjustment for reading it several times: a check of stability, not a test)."""
     c = row["claim"]
     reads = [(r, ci, cs.interval_side(ci, c.direction, c.margin)) for r, ci in row["by_round"]]
+    if not reads:
+        return "- Read at single rounds: no round that every run evaluated."
     sides = {side for _, _, side in reads}
     same = ("the same side at every one" if len(sides) == 1 and "?" not in sides
             else "the side changes with the round" if {"+", "-"} <= sides
