@@ -145,6 +145,10 @@ def test_a_collapsing_arm_flags_the_verdict(hand_tier):
     row = _rows(records)["t-a"]
     assert row["verdict"].verdict == cs.REPRODUCED and "inclusivefl" in row["collapse"]
     assert cs.COLLAPSING in cl._verdict_text(row)
+    # withheld by the gate, the test alone still names the collapsing arm
+    gated = row | {"verdict": cs.Verdict(cs.NOT_CONVERGED, reason="fedra", flags=("x",)),
+                   "test_alone": cs.REPRODUCED}
+    assert cl._verdict_text(gated).endswith(f"last 5 evaluations; {cs.COLLAPSING}")
 
 
 def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypatch):

@@ -758,7 +758,8 @@ def _verdict_text(row: dict) -> str:
                  for _, ci in row["by_round"]}
         if len(sides) == 1 and "?" not in sides:
             text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
-    if v.flags and v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE):
+    if v.flags and (v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE)
+                    or row.get("test_alone")):
         text += f"; {cs.COLLAPSING}"
     if row["claim"].same_as and row.get("identical") is not None:
         text += "; runs identical" if row["identical"] else "; runs differ"
