@@ -754,9 +754,7 @@ def _verdict_text(row: dict) -> str:
         text += f" ({v.reason})"
     if row.get("test_alone"):
         text += f"; the test alone: {row['test_alone']}"
-        sides = {cs.interval_side(ci, row["claim"].direction, row["claim"].margin)
-                 for _, ci in row["by_round"]}
-        if len(sides) == 1 and "?" not in sides:
+        if round_sides(row) in ({"+"}, {"-"}):
             text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
     if v.flags and (v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE)
                     or row.get("test_alone")):
@@ -987,6 +985,12 @@ def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
     return lines
 
 
+def round_sides(row: dict) -> set:
+    """The sides of the boundary the claim's single-round intervals lie on."""
+    c = row["claim"]
+    return {cs.interval_side(ci, c.direction, c.margin) for _, ci in row["by_round"]}
+
+
 def by_round_text(row: dict) -> str:
     """The difference at each of the last evaluated rounds, with the side its interval lies on
     (no adjustment for reading it several times: a check of stability, not a test)."""
@@ -994,8 +998,8 @@ def by_round_text(row: dict) -> str:
     reads = [(r, ci, cs.interval_side(ci, c.direction, c.margin)) for r, ci in row["by_round"]]
     if not reads:
         return "- Read at single rounds: no round that every run evaluated."
-    sides = {side for _, _, side in reads}
-    same = ("the same side at every one" if len(sides) == 1 and "?" not in sides
+    sides = round_sides(row)
+    same = ("the same side at every one" if sides in ({"+"}, {"-"})
             else "the side changes with the round" if {"+", "-"} <= sides
             else "across the boundary at some")
     return (f"- Read at single rounds ({reads[0][1].confidence:.0%} intervals, unadjusted; "
