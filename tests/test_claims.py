@@ -424,13 +424,14 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
     # InclusiveFL, Eq. 3 (AllLarge 12*6 shared); half 6*6: AllSmall, FedRA, InclusiveFL, Eq. 3;
     # third 4*6: FedRA, InclusiveFL (its AllSmall is mixed's); most 10*6: AllSmall, FedRA,
-    # InclusiveFL; dynamic: its own 4; FedBRICK uneven: FedBRICK, FedRA (AllSmall 4*6 shared);
+    # InclusiveFL; dynamic: FedRA, InclusiveFL (AllLarge and AllSmall ignore the draws: Table
+    # 1's runs); FedBRICK uneven: FedBRICK, FedRA (AllSmall 4*6 shared);
     # severe half and third: FedBRICK each (FedRA shared with FedRA's 6*6 and 4*6); model
     # groups: 8 arms at 1:1:1, HeteroTune and Homo at 4:1:1 and at 1:1:4 (AllLarge and
-    # AllSmall ignore the ratio): 9+4+4+4+2+3+4+2+1+1+8+2+2 = 46; LoRA ranks: mixed 8,8,4,4,2,2:
+    # AllSmall ignore the ratio): 9+4+4+4+2+3+2+2+1+1+8+2+2 = 44; LoRA ranks: mixed 8,8,4,4,2,2:
     # FedIT at rank 8 and at rank 2 (the gate), FedIT, FLoRA, FlexLoRA, HetLoRA; every client
     # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8
-    assert len(specs) == (46 + 8) * 10
+    assert len(specs) == (44 + 8) * 10
     assert {s.seed for s in specs} == set(range(10))
     one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
     assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
@@ -440,8 +441,13 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     small = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "all-small",
                                                                     0))
     assert small.keys["capacities"] == "3*6"  # every client on the smallest depth, 3 of 12
-    dyn = next(s for s in specs if (s.setting, s.arm) == ("fedra-dynamic", "all-small"))
-    assert dyn.keys["all-small-layers"] == 3 and dyn.keys["dynamic-capacities"] is True
+    # Table 4's AllSmall is Table 1's 3-block model, run for run (its draws are ignored)
+    for arm in ("all-small", "all-large"):
+        assert (cl.run_config("mini", "fedra-dynamic", arm, 0, 0.01)
+                == cl.run_config("mini", "fedra-uneven", arm, 0, 0.01))
+    assert cl.run_config("mini", "fedra-dynamic", "all-small", 0, 0.01)["capacities"] == "3*6"
+    fedra_dyn = next(s for s in specs if (s.setting, s.arm) == ("fedra-dynamic", "fedra"))
+    assert fedra_dyn.keys["dynamic-capacities"] is True
     # tuned rates are the default: before any tuning run, planning says what to do first
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         cl.plan_runs([], "mini")

@@ -98,8 +98,9 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
                lr: float | None = None) -> dict:
     """The run config of one arm of one setting on one seed (a preset is expanded, so every
     given key counts); ``lr``: the arm's rate on a tier that tunes it (None: the tier's own).
-    AllLarge and AllSmall ignore the capacity list but for its length and its minimum: they get
-    it canonical, so every setting with the same data shares their runs."""
+    AllLarge and AllSmall ignore the capacity list but for its length and its minimum, and the
+    rounds' draws of dynamic capacities: they get it canonical (AllSmall's depth in it), so every
+    setting with the same data shares their runs (FedRA Table 4 repeats Table 1's rows)."""
     import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets may set
 
     setting, arm = SETTINGS[setting_id], ARMS[arm_label]
@@ -112,11 +113,12 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
     keys |= {"method": arm.method, "seed": seed}
     if lr is not None:
         keys["lr"] = lr
-    plain_list = (keys.get("capacity-profile", "list") == "list"
-                  and not keys.get("dynamic-capacities") and not keys.get("model-groups"))
+    plain_list = keys.get("capacity-profile", "list") == "list" and not keys.get("model-groups")
     if plain_list and arm.method in ("all-large", "all-small"):
         caps = parse_int_list("capacities", str(keys.get("capacities", KEYS["capacities"].default)))
-        depth = DEPTH[tier] if arm.method == "all-large" else min(caps)
+        smallest = keys.pop("all-small-layers", 0) or min(caps)
+        keys.pop("dynamic-capacities", None)
+        depth = DEPTH[tier] if arm.method == "all-large" else smallest
         keys["capacities"] = f"{depth}*{len(caps)}"
     return keys
 
