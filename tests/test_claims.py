@@ -12,6 +12,7 @@ import math
 import pytest
 
 from fedtune_app.tools import claims as cl
+from fedtune_app.tools import claims_registry as reg
 from fedtune_app.tools import claims_stats as cs
 from fedtune_app.tools.claims_registry import CLAIMS, SETTINGS, Claim, Setting, tiers_of
 
@@ -542,6 +543,33 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
     assert {(s.arm, s.keys["lr"]) for s in cl.plan_runs(
         [smoke_claim.id], "smoke", store=tmp_path, lr_mode="paper")} == {
         ("fedra", 0.01), ("all-small", 0.01), ("all-large", 0.01)}
+
+
+def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeypatch,
+                                                              smoke_claim):
+    monkeypatch.setitem(reg.TIER_SEEDS, "smoke", 2)  # a tier with a fixed seed count: 6 runs
+    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    (tmp_path / "tuning" / "smoke").mkdir(parents=True)
+    stored = {"fedra": 4500.0, "all-large": 7200.0, "all-small": 1440.0}  # seed 0 of each
+    records = {}
+    for arm, cpu in stored.items():
+        record = {"setting": "t-smoke", "arm": arm, "seconds": cpu + 99, "cpu-seconds": cpu,
+                  "file": f"{arm}.json"}
+        (tmp_path / "runs" / "smoke" / f"{arm}.json").write_text(json.dumps(record))
+        records["t-smoke", arm, 0] = record
+    # a second setting sharing AllLarge's run (the same file) does not count it twice
+    records["t-other", "all-large", 0] = records["t-smoke", "all-large", 0]
+    (tmp_path / "tuning" / "smoke" / "t.json").write_text(json.dumps(
+        {"setting": "t-smoke", "arm": "fedra", "seconds": 2700.0}))  # no CPU seconds: wall
+    text = cl.tier_cost("smoke", records, tmp_path)[0]
+    spent = (4500 + 7200 + 1440) / 3600
+    # seed 1 of each arm at its mean: fedra (4500 + 2700) / 2 (its tuning run too), the others
+    # their one run
+    todo = ((4500 + 2700) / 2 + 7200 + 1440) / 3600
+    assert text == (f"Cost: the 3 claim runs in took {spent:.1f} core-hours; the 3 still to do, "
+                    f"about {todo:.1f} more at the stored seconds of the same arm; target: all "
+                    f"of them in about 12 core-hours. The tuning runs so far: 0.8 core-hours.")
+    assert cl.tier_cost("cpu", records, tmp_path) == []  # no fixed seed count, no budget
 
 
 def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):

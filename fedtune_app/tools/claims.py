@@ -151,18 +151,21 @@ def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
     return json.loads(hits[0].read_text()) if hits else None
 
 
-def estimate_cost(specs: list[RunSpec], store: Path = STORE) -> str:
-    """What the runs still to do cost, from the stored records of the same arm: its mean CPU
-    seconds (else wall seconds) in the same setting, else in any setting of the tier."""
-    todo = [s for s in specs if find_cached(s, store) is None]
+def run_cost(record: dict) -> float:
+    """One core's seconds of a run: its CPU seconds, else (older records) its wall seconds."""
+    return record.get("cpu-seconds", record["seconds"])
+
+
+def cost_to_do(todo: list[RunSpec], store: Path = STORE) -> tuple[float, int]:
+    """Seconds the runs ``todo`` cost at the stored seconds of the same arm (its mean in the same
+    setting, else in any setting of the tier), and how many runs of arms with no stored run."""
     seconds: dict = {}
     for tier in {s.tier for s in todo}:
         for folder in ("runs", "tuning"):
             for path in (store / folder / tier).glob("*.json"):
                 r = json.loads(path.read_text())
-                cost = r.get("cpu-seconds", r["seconds"])
-                seconds.setdefault((tier, r["setting"], r["arm"]), []).append(cost)
-                seconds.setdefault((tier, r["arm"]), []).append(cost)
+                seconds.setdefault((tier, r["setting"], r["arm"]), []).append(run_cost(r))
+                seconds.setdefault((tier, r["arm"]), []).append(run_cost(r))
     known, unknown = 0.0, 0
     for s in todo:
         past = seconds.get((s.tier, s.setting, s.arm)) or seconds.get((s.tier, s.arm))
@@ -170,6 +173,13 @@ def estimate_cost(specs: list[RunSpec], store: Path = STORE) -> str:
             known += float(np.mean(past))
         else:
             unknown += 1
+    return known, unknown
+
+
+def estimate_cost(specs: list[RunSpec], store: Path = STORE) -> str:
+    """What the runs still to do cost, from the stored records of the same arm."""
+    todo = [s for s in specs if find_cached(s, store) is None]
+    known, unknown = cost_to_do(todo, store)
     text = (f"{len(todo)} of {len(specs)} runs to do: about {known / 3600:.1f} core-hours at "
             "the stored seconds of the same arm")
     return text + (f"; {unknown} runs of arms with no stored run not counted" if unknown else "")
@@ -1152,7 +1162,8 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
-    lines += verdict_rows(rows, beside) + [""] + tier_summary(rows, records)
+    lines += (verdict_rows(rows, beside) + [""] + tier_summary(rows, records)
+              + tier_cost(tier, records, store))
     if choices:
         lines += [f"### Learning rates of tier `{tier}`", "",
                   f"Rule (fixed before any run): {reg.LR_RULE}. Validation means (points) per "
@@ -1202,6 +1213,7 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
 
 DETECTABLE_TARGET = 3.0  # points: the median detectable difference a tier should reach
 SECONDS_TARGET = 120  # a run's budget on one idle core
+TIER_HOURS_TARGET = 12  # core-hours: every claim run of a tier at its seed count
 
 
 def tier_summary(rows: list[dict], records: dict) -> list[str]:
@@ -1220,7 +1232,7 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     for (st, arm, _), r in sorted(records.items(), key=lambda kv: order.index(kv[0][0])):
         if r.get("file", id(r)) not in seen:
             seen.add(r.get("file", id(r)))
-            per_arm.setdefault((st, arm), []).append(r.get("cpu-seconds", r["seconds"]))
+            per_arm.setdefault((st, arm), []).append(run_cost(r))
     slow_key, slow = max(((k, float(np.mean(v))) for k, v in per_arm.items()),
                          key=lambda kv: kv[1])
     # the cost targets are the tiers' with a fixed seed count (mini), built to meet them
@@ -1234,6 +1246,26 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
              + (f"target at most {SECONDS_TARGET} s on one idle core; " if targets else "")
              + "CPU seconds where a record keeps them, else wall seconds).")
     return [text, ""]
+
+
+def tier_cost(tier: str, records: dict, store: Path = STORE) -> list[str]:
+    """A tier's core-hours against its budget: its distinct claim runs in, those still to do at
+    the stored seconds of the same arm, and its tuning runs (tiers with a fixed seed count)."""
+    if tier not in reg.TIER_SEEDS:
+        return []
+    spent = {r["file"]: run_cost(r) for r in records.values()}  # a shared run counts once
+    # the distinct runs of the tier's claims; which runs share does not depend on the rate
+    plan = plan_runs([], tier, store=store, lr_mode="paper")
+    todo = [s for s in plan if (s.setting, s.arm, s.seed) not in records]
+    known, unknown = cost_to_do(todo, store)
+    tuning = sum(run_cost(json.loads(p.read_text()))
+                 for p in (store / "tuning" / tier).glob("*.json"))
+    return [f"Cost: the {len(spent)} claim runs in took {sum(spent.values()) / 3600:.1f} "
+            f"core-hours; the {len(todo)} still to do, about {known / 3600:.1f} more at the "
+            "stored seconds of the same arm"
+            + (f" ({unknown} runs of arms with no stored run not counted)" if unknown else "")
+            + f"; target: all of them in about {TIER_HOURS_TARGET} core-hours. The tuning runs "
+            f"so far: {tuning / 3600:.1f} core-hours.", ""]
 
 
 def verdict_table(tier: str, store: Path = STORE) -> list[str]:

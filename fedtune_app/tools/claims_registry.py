@@ -376,7 +376,9 @@ CLAIMS = {c.id: c for c in [
           "Under feature & label skew (30 clients) FedRA still beats InclusiveFL",
           _versus("fedra", "inclusivefl", "fedra-feature-label"), "greater", 0.0,
           "ViT NICO++ Average: FedRA 85.44, InclusiveFL 83.03", 2.41, priority=8,
-          choices=FEDRA_SETUP + " Needs domains: paper tier only."),
+          choices=FEDRA_SETUP + " Needs domains (no cpu tier). mini: each digit style split "
+          "over 5 clients by Dirichlet(0.5), the style's capacity from 12,10,8,6,4,3, one "
+          "client of every style each round."),
     Claim("fedra-t3-mixed-vs-inclusivefl", "FedRA", "Table 3",
           "All clients smaller than the server (mixed depths): FedRA beats InclusiveFL",
           _versus("fedra", "inclusivefl", "fedra-smaller-mixed"), "greater", 0.0,
