@@ -383,7 +383,8 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     from fedtune_app.apps.evaluation import unpack_correct
 
     for r in records:
-        assert r["fingerprint"] == cl.code_fingerprint() and r["lr"] == SMOKE_LR
+        assert r["fingerprint"] == cl.code_fingerprint(cl.record_method(r))
+        assert r["lr"] == SMOKE_LR
         windows = [[unpack_correct(v) for v in ev["0"].values()] for ev in r["test-correct"]]
         assert r["test-examples"] == sum(len(a) for a in windows[-1])
         # the smoke test set has no domains: one stratum, the headline its mean

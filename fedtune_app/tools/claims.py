@@ -54,6 +54,7 @@ from fedtune_app.tools.claims_registry import (
     claim_settings,
     tiers_of,
 )
+from fedtune_app.tools.fingerprint import code_fingerprint, code_fingerprints
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "docs" / "claims"  # runs/<tier>/*.json, tuning/<tier>/*.json (committed), PNGs
@@ -386,18 +387,9 @@ def git_commit() -> str:
         return "unknown"
 
 
-def code_fingerprint(root: Path = ROOT) -> str:
-    """A hash of the code a run executes: every Python source of the package but its tools
-    (which plan, store and report runs; what a run computes is in its config hash), by
-    content, so a checkout of the same code on another machine has the same fingerprint."""
-    digest = hashlib.sha256()
-    package = root / "fedtune_app"
-    for path in sorted(package.rglob("*.py")):
-        relative = path.relative_to(package).as_posix()
-        if relative.startswith("tools/"):
-            continue
-        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+def record_method(record: dict) -> str:
+    """The method a record ran: its arm's (the run key leaves out a key at its default)."""
+    return ARMS[record["arm"]].method
 
 
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
@@ -423,7 +415,8 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
               "seconds": round(seconds, 1), "rounds": len(metrics),
               # this process's CPU time: one core's cost, whatever else shared the machine
               **({} if cpu_seconds is None else {"cpu-seconds": round(cpu_seconds, 1)}),
-              "commit": commit, "fingerprint": fingerprint or code_fingerprint(),
+              "commit": commit,
+              "fingerprint": fingerprint or code_fingerprint(spec.keys["method"]),
               "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     window = correct[-cs.LAST_EVALUATIONS:]
     if window and all(window):  # the primary metric's evaluations, example by example
@@ -465,10 +458,10 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str)
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
         f"{len(todo)} to run")
-    commit, fingerprint = git_commit(), code_fingerprint()
+    commit, fingerprints = git_commit(), code_fingerprints()
     with progress([s.keys for s in todo], what):
         for i, spec in enumerate(todo, 1):
-            record = execute(spec, results, store, commit, fingerprint)
+            record = execute(spec, results, store, commit, fingerprints[spec.keys["method"]])
             done[spec.hash] = record
             lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
             log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
@@ -1108,20 +1101,24 @@ def owner_test_section(store: Path) -> list[str]:
 
 
 def older_code_section(tier: str, records: dict) -> list[str]:
-    """Records not made by the code of this checkout (their fingerprint differs or is absent)."""
-    current = code_fingerprint()
+    """Records not made by the code of this checkout: their fingerprint differs from their
+    method's (``fingerprint``) or is absent."""
+    current = code_fingerprints()
     used = {r["hash"]: r for r in records.values()}
-    old = sorted((r for r in used.values() if r.get("fingerprint") != current),
+    old = sorted((r for r in used.values() if r.get("fingerprint") != current[record_method(r)]),
                  key=lambda r: (r.get("commit", ""), r.get("file", "")))
+    methods = sorted({record_method(r) for r in used.values()})
+    now = ", ".join(f"{m} `{current[m]}`" for m in methods)
     if not old:
-        return [f"Every record of tier `{tier}` was made by this checkout's code "
-                f"(fingerprint `{current}`).", ""]
+        return [f"Every record of tier `{tier}` was made by this checkout's code (its method's "
+                f"fingerprint: {now}).", ""]
     by_commit: dict = {}
     for r in old:
         by_commit.setdefault((r.get("commit", "?"), r.get("fingerprint", "none")), []).append(r)
     lines = [f"{len(old)} of the {len(used)} records of tier `{tier}` were made by older code "
-             f"than this checkout's (fingerprint `{current}`: the package's sources but its "
-             "tools); by the commit and fingerprint they record:", "", "<details><summary>the "
+             "than this checkout's (a record's fingerprint against its method's now: the "
+             "package's sources but its tools and the other methods' modules; " + now + "); by "
+             "the commit and fingerprint they record:", "", "<details><summary>the "
              "records</summary>", ""]
     for (commit, fp), rs in by_commit.items():
         lines.append(f"- commit `{commit}`, fingerprint `{fp}`: "

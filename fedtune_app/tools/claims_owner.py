@@ -33,7 +33,7 @@ def owner_test(out: Path | None = None, results: Path | None = None) -> dict:
     results = results or cl.RESULTS / "owner-test"
     setting, arm, seed = OWNER_TEST["setting"], OWNER_TEST["arm"], OWNER_TEST["seed"]
     summary = {"setting": setting, "arm": arm, "seed": seed, "commit": cl.git_commit(),
-               "fingerprint": cl.code_fingerprint(), "runs": []}
+               "fingerprint": cl.code_fingerprint(cl.ARMS[arm].method), "runs": []}
     for label, capacities in OWNER_TEST["arrangements"].items():
         keys = cl.run_config("cpu", setting, arm, seed) | {"capacities": capacities}
         started = time.time()
