@@ -5,12 +5,7 @@ import shutil
 
 import pytest
 
-from fedtune_app.tools.fingerprint import (
-    ROOT,
-    code_fingerprint,
-    code_fingerprints,
-    package_fingerprint,
-)
+from fedtune_app.tools.fingerprint import ROOT, code_fingerprint, code_fingerprints
 
 
 @pytest.fixture
@@ -32,7 +27,6 @@ def test_every_registered_method_has_a_fingerprint_and_a_copy_has_the_same(check
     here = code_fingerprints()
     assert set(here) == set(METHODS)  # read from the sources: every register_method call
     assert code_fingerprints(checkout) == here  # by content, not by place
-    assert package_fingerprint(checkout) == package_fingerprint()
     # AllLarge and AllSmall live in one module: the same code
     assert here["all-large"] == here["all-small"] != here["fedra"]
 
@@ -57,9 +51,9 @@ def test_an_edit_reaches_the_methods_that_run_it_and_no_other(checkout):
     before = code_fingerprints(checkout)
     _edit(checkout, "methods/__init__.py")  # it imports every method to register it: shared
     assert changed() == set(before)
-    before, package = code_fingerprints(checkout), package_fingerprint(checkout)
+    before = code_fingerprints(checkout)
     _edit(checkout, "tools/claims.py")  # plans and reports runs: no run's code
-    assert changed() == set() and package_fingerprint(checkout) == package
+    assert changed() == set()
 
 
 def test_code_fingerprint_of_one_method():

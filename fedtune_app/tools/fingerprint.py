@@ -83,11 +83,3 @@ def code_fingerprint(method: str, root: Path = ROOT) -> str:
     """The fingerprint of the code a run of ``method`` executes."""
     return code_fingerprints(root)[method]
 
-
-def package_fingerprint(root: Path = ROOT) -> str:
-    """The former fingerprint of every run: all of the package's sources but its tools (records
-    made before fingerprints were per method carry it)."""
-    digest = hashlib.sha256()
-    for relative, content in _sources(root).items():
-        digest.update(relative.encode() + b"\0" + content + b"\0")
-    return digest.hexdigest()[:12]
