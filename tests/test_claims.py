@@ -249,11 +249,15 @@ def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
 
 
 def test_a_tier_only_key_reaches_that_tier_and_that_arm_alone():
-    """FedDF's CPU-tier distillation budget changes FedDF's CPU runs and nothing else."""
-    cpu, gpu = (cl.run_config(t, "heterotune-groups", "feddf", 0) for t in ("cpu", "gpu"))
-    assert cpu["feddf-distillation"] == "epochs" and "feddf-distillation" not in gpu
+    """FedDF's distillation budget on the CPU tiers changes FedDF's runs there and nothing
+    else."""
+    cpu, mini, gpu = (cl.run_config(t, "heterotune-groups", "feddf", 0, 0.01)
+                      for t in ("cpu", "mini", "gpu"))
+    assert cpu["feddf-distillation"] == mini["feddf-distillation"] == "epochs"
+    assert "feddf-distillation" not in gpu
     assert cl.config_hash(cpu) != cl.config_hash(cpu | {"feddf-distillation": "paper"})
-    assert "feddf-distillation" not in cl.run_config("cpu", "heterotune-groups", "fedmd", 0)
+    for tier in ("cpu", "mini"):
+        assert "feddf-distillation" not in cl.run_config(tier, "heterotune-groups", "fedmd", 0)
 
 
 def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
