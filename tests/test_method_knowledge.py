@@ -21,6 +21,8 @@ ALLOWED = {
        for k in ("all-small-layers", "depthfl-headline", "feddf-distillation")},
     ("tools/claims.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
     ("tools/claims.py", "all-small"): "the claims' shared AllSmall run (its canonical depth)",
+    ("tools/claims.py", "all-small-layers"): "a dynamic setting's AllSmall depth, folded into "
+    "the shared run's canonical capacities",
     ("tools/compare.py", "all-large"): "the comparison's default methods: FedRA Table 1's",
 }
 

@@ -30,7 +30,7 @@ def _sources(root: Path) -> dict[str, bytes]:
 
 
 def _method_module(relative: str) -> str | None:
-    """'methods/fedra.py' -> 'fedra'; None for the package's other files and its __init__ (it
+    """'methods/name.py' -> 'name'; None for the package's other files and its __init__ (it
     imports every method to register them: importing it is not using them)."""
     if not relative.startswith(METHODS) or relative == METHODS + "__init__.py":
         return None
@@ -44,7 +44,7 @@ def _imports_and_registrations(source: bytes, modules: set[str]) -> tuple[set[st
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module.startswith("fedtune_app.methods."):
                 imported.add(node.module.split(".")[2])
-            elif node.module == "fedtune_app.methods":  # `from fedtune_app.methods import fedra`
+            elif node.module == "fedtune_app.methods":  # `from fedtune_app.methods import name`
                 imported |= {a.name for a in node.names} & modules
         elif isinstance(node, ast.Import):
             imported |= {a.name.split(".")[2] for a in node.names
