@@ -1003,7 +1003,7 @@ def by_round_text(row: dict) -> str:
     reads = [(r, ci, cs.interval_side(ci, c.direction, c.margin)) for r, ci in row["by_round"]]
     if not reads:
         return "- Read at single rounds: no round that every run evaluated."
-    sides = round_sides(row)
+    sides = {side for _, _, side in reads}
     same = ("the same side at every one" if sides in ({"+"}, {"-"})
             else "the side changes with the round" if {"+", "-"} <= sides
             else "across the boundary at some")
