@@ -57,3 +57,20 @@ def test_fedtune_run_keeps_the_callers_hub_setting(monkeypatch, tmp_path):
     env = flower_env(tmp_path)
     assert env["HF_HUB_OFFLINE"] == "0"
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+
+
+def test_a_key_at_pyprojects_value_beside_a_preset_that_sets_another_is_refused(capsys):
+    """pyproject runs 5 rounds and the smoke preset 2: `num-server-rounds=5` beside it looks to
+    the ServerApp like a key nobody gave (Flower passes all of pyproject's), so the run would
+    silently do 2 rounds; it is refused before Flower starts. 6 rounds, or 5 without the
+    preset, mean what they say."""
+    from fedtune_app.tools.cli import check_preset_overrides
+
+    assert main(["run", "--run-config", 'preset="smoke" num-server-rounds=5 seed=0']) == 2
+    assert capsys.readouterr().err == (
+        "fedtune: --run-config: 'num-server-rounds' = 5 (preset 'smoke': 2) equals "
+        "pyproject.toml's value, which Flower passes for every key the user did not give, so "
+        "the preset's value would win; edit the preset, or give the keys without it\n")
+    check_preset_overrides({"preset": "smoke", "num-server-rounds": 6, "seed": 0})
+    check_preset_overrides({"num-server-rounds": 5})
+    check_preset_overrides({"preset": "smoke", "num-server-rounds": 2})  # the preset's own

@@ -78,6 +78,26 @@ def toml_value(value) -> str:
     return repr(value)
 
 
+def check_preset_overrides(keys: dict) -> None:
+    """Refuse a key given beside a preset with pyproject's own value where the preset sets
+    another. Flower hands the ServerApp every pyproject key, so ``config.resolve`` counts a key
+    as given only when it differs from pyproject's: this one would silently take the preset's
+    value."""
+    import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets may set
+    from fedtune_app.config import app_defaults, load_preset
+
+    if not keys.get("preset"):
+        return
+    app, preset = app_defaults(), load_preset(str(keys["preset"]))
+    lost = [f"'{k}' = {v!r} (preset {keys['preset']!r}: {preset[k]!r})" for k, v in keys.items()
+            if k in preset and k in app and v == app[k] and preset[k] != v]
+    if lost:
+        raise ConfigError("--run-config: " + ", ".join(lost) + " equals pyproject.toml's value, "
+                          "which Flower passes for every key the user did not give, so the "
+                          "preset's value would win; edit the preset, or give the keys without "
+                          "it")
+
+
 def with_results_dir(run_config: str, results: Path, home: Path) -> str:
     """The ``--run-config`` for `flwr run`: ``results-dir`` first, then the user's keys (which
     win). Flower takes a TOML file only on its own, so a file's keys go into a copy under
@@ -85,10 +105,12 @@ def with_results_dir(run_config: str, results: Path, home: Path) -> str:
     from fedtune_app.federated.flower_private import parse_config_args
 
     if not run_config.strip().endswith(".toml"):
+        check_preset_overrides(parse_config_args([run_config]) if run_config.strip() else {})
         return f'results-dir="{results}" {run_config}'.strip()
     path = Path(run_config.strip()).expanduser()
     if not path.is_file():
         raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
+    check_preset_overrides(parse_config_args([str(path)]))
     keys = {"results-dir": str(results)} | parse_config_args([str(path)])
     copy = home / f"run-config-{path.stem}.toml"
     copy.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
