@@ -418,6 +418,30 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
 
 
+def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
+    """Two runs at a time, each in its own spawned process: the same records as one process
+    running them in turn (each run is seeded on its own), curves equal to the last digit."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    quiet = lambda t: None  # noqa: E731
+    alone = cl.run_claims([smoke_claim.id], "smoke", 1, one, tmp_path / "r1", log=quiet)
+    lines = []
+    shared = cl.run_claims([smoke_claim.id], "smoke", 1, two, tmp_path / "r2",
+                           log=lines.append, jobs=2)
+    # seed 0 of all-large, all-small and fedra
+    assert lines[0] == "claims: 3 claims runs, 0 already done, 3 to run, 2 at a time"
+    assert sorted(int(line.split()[3].split("/")[0]) for line in lines[1:]) == [1, 2, 3]
+    assert [r["hash"] for r in shared] == [r["hash"] for r in alone]
+    assert [r["curve"] for r in shared] == [r["curve"] for r in alone]
+    assert [r["test-correct"] for r in shared] == [r["test-correct"] for r in alone]
+    assert len(list((two / "runs" / "smoke").glob("*.json"))) == 3
+
+
+def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):
+    with pytest.raises(SystemExit):
+        cl.main(["run", "--tier", "mini", "--jobs", "0", "--dry-run"])
+    assert "'0' is not a whole number of at least 1" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- the mini tier and its rates
 
 def test_the_mini_tier_plans_every_claim_with_ten_seeds():

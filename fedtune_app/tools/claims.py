@@ -363,11 +363,13 @@ def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
 
 
 def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STORE,
-                results: Path = RESULTS, log=print, arms: list[str] | None = None) -> dict:
-    """Run the tuning runs still missing; write ``tuning/<tier>-rates.json`` (each arm's rate
-    and validation means) and return the choices."""
+                results: Path = RESULTS, log=print, arms: list[str] | None = None,
+                jobs: int = 1) -> dict:
+    """Run the tuning runs still missing (``jobs`` at a time); write
+    ``tuning/<tier>-rates.json`` (each arm's rate and validation means) and return the
+    choices."""
     specs = plan_tuning(patterns, tier, arms)
-    _run_specs(specs, store, results, log, "tuning")
+    _run_specs(specs, store, results, log, "tuning", jobs)
     choices = tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
     from fedtune_app.apps.results import write_json
 
@@ -451,34 +453,74 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
     return record
 
 
-def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str) -> list[dict]:
+# what a run imports when it first needs it (seconds each): a fork server imports them once
+LAZY_IMPORTS = ("timm", "peft", "transformers", "datasets", "flwr_datasets", "sklearn")
+
+
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
+               jobs: int = 1) -> list[dict]:
+    """Run the specs not yet in ``store``; ``jobs`` > 1: that many at once, each in its own
+    process on one torch thread (every run is seeded on its own, so its record does not depend
+    on which process ran it). A failed run stops the campaign after the runs under way; every
+    finished run is stored as it ends."""
     from fedtune_app.apps.inprocess import progress
 
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
-        f"{len(todo)} to run")
+        f"{len(todo)} to run" + (f", {jobs} at a time" if jobs > 1 and todo else ""))
     commit, fingerprints = git_commit(), code_fingerprints()
+
+    def finished(i: int, spec: RunSpec, record: dict) -> None:
+        done[spec.hash] = record
+        lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
+        log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
+            f"{spec.seed}{lr}: accuracy {100 * record['final']:.2f}% in "
+            f"{record['seconds']:.0f} s, {record['rejected-replies']} replies rejected")
+
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # not a fork of this process (a forked torch with its threads started can hang): a
+        # fork server that has imported the runner once, before any torch thread exists
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["fedtune_app.apps.inprocess", "fedtune_app.methods",
+                                        *LAZY_IMPORTS])
+        with ProcessPoolExecutor(jobs, context, initializer=_one_torch_thread) as pool:
+            running = {pool.submit(execute, spec, results, store, commit,
+                                   fingerprints[spec.keys["method"]]): spec for spec in todo}
+            try:
+                for i, future in enumerate(as_completed(running), 1):
+                    finished(i, running[future], future.result())
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
+        return [done[s.hash] for s in specs]
     with progress([s.keys for s in todo], what):
         for i, spec in enumerate(todo, 1):
-            record = execute(spec, results, store, commit, fingerprints[spec.keys["method"]])
-            done[spec.hash] = record
-            lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
-            log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
-                f"{spec.seed}{lr}: accuracy {100 * record['final']:.2f}% in "
-                f"{record['seconds']:.0f} s, {record['rejected-replies']} replies rejected")
+            finished(i, spec, execute(spec, results, store, commit,
+                                      fingerprints[spec.keys["method"]]))
     return [done[s.hash] for s in specs]
 
 
 def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
                store: Path = STORE, results: Path = RESULTS, log=print,
                extra: dict | None = None, arms: list[str] | None = None,
-               lr_mode: str = "tuned", data_dirs: dict | None = None) -> list[dict]:
+               lr_mode: str = "tuned", data_dirs: dict | None = None,
+               jobs: int = 1) -> list[dict]:
     """Run whatever the claims still need (finished runs are found by hash and skipped), one
-    progress bar with an ETA over every round of the runs left; the records of all runs.
-    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
+    progress bar with an ETA over every round of the runs left (``jobs`` > 1: a line per
+    finished run); the records of all runs. ``extra``: keys for every run, e.g.
+    {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
     specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs)
-    return _run_specs(specs, store, results, log, "claims")
+    return _run_specs(specs, store, results, log, "claims", jobs)
 
 
 # ---------------------------------------------------------------- records and evaluation
@@ -1303,6 +1345,12 @@ def list_claims(tier: str | None = None) -> list[dict]:
             for c in CLAIMS.values() if tier is None or tier in tiers_of(c)]
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fedtune claims", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1322,6 +1370,9 @@ def main(argv=None) -> int:
         p.add_argument("--dry-run", action="store_true",
                        help="list the runs and estimate what the ones to do cost; run nothing")
         p.add_argument("--no-report", action="store_true", help="do not regenerate the report")
+        p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                       help="runs at once, each in its own process on one torch thread (e.g. "
+                       "the machine's cores; default 1: one process, torch's own threads)")
     run.add_argument("--seeds", type=int, default=None,
                      help="seeds 0..N-1 for every claim (default: each claim's fixed count on "
                      "the tier: ten on mini, 3 or 5 elsewhere)")
@@ -1358,7 +1409,7 @@ def main(argv=None) -> int:
             print(estimate_cost(specs))
             return 0
         setup_logging()
-        choices = tune_claims(args.ids, args.tier, log=log, arms=arms)
+        choices = tune_claims(args.ids, args.tier, log=log, arms=arms, jobs=args.jobs)
         for (st, arm), ch in choices.items():
             print(f"{st:32s} {arm:18s} lr {'-' if ch.lr is None else f'{ch.lr:g}'}")
     else:
@@ -1375,7 +1426,7 @@ def main(argv=None) -> int:
             return 0
         setup_logging()
         run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
-                   lr_mode=args.lr, data_dirs=data_dirs)
+                   lr_mode=args.lr, data_dirs=data_dirs, jobs=args.jobs)
     if not args.no_report:
         print(write_report())
     return 0
