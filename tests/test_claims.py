@@ -419,7 +419,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
 
 
 def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
-    """Two runs at a time, each in its own spawned process: the same records as one process
+    """Two runs at a time, each in its own worker process: the same records as one process
     running them in turn (each run is seeded on its own), curves equal to the last digit."""
     one, two = tmp_path / "one", tmp_path / "two"
     quiet = lambda t: None  # noqa: E731

@@ -502,11 +502,11 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
             except BaseException:
                 pool.shutdown(cancel_futures=True)
                 raise
-        return [done[s.hash] for s in specs]
-    with progress([s.keys for s in todo], what):
-        for i, spec in enumerate(todo, 1):
-            finished(i, spec, execute(spec, results, store, commit,
-                                      fingerprints[spec.keys["method"]]))
+    else:
+        with progress([s.keys for s in todo], what):
+            for i, spec in enumerate(todo, 1):
+                finished(i, spec, execute(spec, results, store, commit,
+                                          fingerprints[spec.keys["method"]]))
     return [done[s.hash] for s in specs]
 
 

@@ -110,8 +110,9 @@ def with_results_dir(run_config: str, results: Path, home: Path) -> str:
     path = Path(run_config.strip()).expanduser()
     if not path.is_file():
         raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
-    check_preset_overrides(parse_config_args([str(path)]))
-    keys = {"results-dir": str(results)} | parse_config_args([str(path)])
+    given = parse_config_args([str(path)])
+    check_preset_overrides(given)
+    keys = {"results-dir": str(results)} | given
     copy = home / f"run-config-{path.stem}.toml"
     copy.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
     return str(copy)
