@@ -8,6 +8,7 @@ t(0.975, 2) = 0.95 / sqrt(0.04875) = 4.302653, t(0.8, 2) = 0.6 / sqrt(0.32) = 1.
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -434,6 +435,12 @@ def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
     assert [r["curve"] for r in shared] == [r["curve"] for r in alone]
     assert [r["test-correct"] for r in shared] == [r["test-correct"] for r in alone]
     assert len(list((two / "runs" / "smoke").glob("*.json"))) == 3
+    # each run writes its results into a folder of its own: runs of one method and seed (the
+    # rates of a tuning) may start in the same second, when their stamped names would collide
+    folders = [Path(r["results-folder"]) for r in shared]
+    assert len({f.parent for f in folders}) == 3
+    assert all(f.parent.name == f"{r['setting']}__{r['arm']}__seed{r['seed']}__{r['hash']}"
+               for f, r in zip(folders, shared))
 
 
 def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):

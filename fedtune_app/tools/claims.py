@@ -442,7 +442,8 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
 
     commit = commit or git_commit()
     started, cpu_started = time.time(), time.process_time()
-    folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier)}))
+    # a folder per run: runs of one method and seed (tuning's rates) start in the same second
+    folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier / spec.name)}))
     record = summarize_run(spec, folder, time.time() - started, commit, fingerprint,
                            time.process_time() - cpu_started)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
