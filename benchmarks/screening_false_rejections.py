@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import numpy as np  # noqa: E402
 
+from common import GPU_JOB  # noqa: E402
 from fedtune_app.config import RobustConfig  # noqa: E402
 from fedtune_app.federated import robust, strategy  # noqa: E402
 
@@ -37,6 +38,8 @@ JOBS = {  # name -> run config (the data reduced where the job is long; stated i
     # the same with partitions of 2 examples allowed: most seeds draw no Dirichlet(0.1)
     # partition of 20 clients with 5 examples each (flwr-datasets gives up after 10 tries)
     "offline-text-ratio-min2": {"preset": "offline-text-ratio", "min-partition-size": 2},
+    # ViT-B/16 from random weights on synthetic images, bf16, on a CUDA GPU (bench_simulation's)
+    "vit-b-gpu": GPU_JOB["run_config"],
 }
 RECORDS: list[dict] = []
 GUARD: list[dict] = []
