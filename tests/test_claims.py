@@ -153,6 +153,24 @@ def test_a_collapsing_arm_flags_the_verdict(hand_tier):
     assert cl._verdict_text(gated).endswith(f"last 5 evaluations; {cs.COLLAPSING}")
 
 
+def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkeypatch):
+    """On a tier with a fixed seed count, AllLarge - AllSmall (11, 12, 13: mean 12) under the
+    15 points the tier was calibrated to reach flags the verdict, which stays the test's."""
+    monkeypatch.setitem(reg.TIER_SEEDS, "t", 3)
+    row = _rows(hand_tier)["t-a"]
+    assert row["below_target"] == ["t-hand"] and row["verdict"].verdict == cs.REPRODUCED
+    assert cl._verdict_text(row).endswith(f"; {cl.BELOW_TARGET}")
+    gate = next(line for line in cl.claim_section(row, "t", {}) if "Gate (2)" in line)
+    assert gate.endswith("a mean of at least 15 points: **not met** in `t-hand`.")
+    records = dict(hand_tier)
+    for s in range(3):  # AllLarge 94: the gap 15, 16, 17 (mean 16) meets it
+        records["t-hand", "all-large", s] = _flat(94.0)
+    row = _rows(records)["t-a"]
+    assert row["below_target"] == [] and cl.BELOW_TARGET not in cl._verdict_text(row)
+    monkeypatch.delitem(reg.TIER_SEEDS, "t")  # a tier without the target: no flag at 12
+    assert _rows(hand_tier)["t-a"]["below_target"] == []
+
+
 def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypatch):
     """FlexiFed is Homo when the groups' widths differ: such a claim names the one it equals,
     the report checks their runs are the same, and Holm's family counts it once."""
