@@ -1124,7 +1124,7 @@ def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
         + ("" if ok is None else " > " if ok else " **not above** ")
         + (f"{v.detectable:.2f}" if ok is not None else "")
         for st, (gap, ok, ss) in row["gaps"].items() if gap is not None) or "not run"
-    if row["tier"] in reg.TIER_SEEDS and row["gaps"]:
+    if row["tier"] in reg.TIER_SEEDS and any(gap for gap, _, _ in row["gaps"].values()):
         gaps += (f"; the tier's design target, a mean of at least {GAP_TARGET:g} points: "
                  + (f"**not met** in {', '.join(f'`{st}`' for st in row['below_target'])}"
                     if row["below_target"] else "met"))
