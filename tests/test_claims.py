@@ -8,6 +8,9 @@ t(0.975, 2) = 0.95 / sqrt(0.04875) = 4.302653, t(0.8, 2) = 0.6 / sqrt(0.32) = 1.
 
 import json
 import math
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -459,6 +462,38 @@ def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
     assert len({f.parent for f in folders}) == 3
     assert all(f.parent.name == f"{r['setting']}__{r['arm']}__seed{r['seed']}__{r['hash']}"
                for f, r in zip(folders, shared))
+
+
+def test_jobs_workers_end_with_the_process_that_started_them():
+    """A campaign killed by a signal runs no clean-up: its workers must not go on with the runs
+    they were handed (minutes each, storing records nobody waits for)."""
+    script = (
+        "import multiprocessing, time\n"
+        "from fedtune_app.tools.claims import worker_pool\n"
+        "pool = worker_pool(2)\n"
+        "for _ in range(2): pool.submit(time.sleep, 600)\n"
+        "while len(multiprocessing.active_children()) < 2: time.sleep(0.1)\n"
+        "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+        "time.sleep(600)\n")
+    campaign = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        workers = [int(pid) for pid in campaign.stdout.readline().split()]
+    finally:
+        campaign.kill()  # SIGKILL: no handler, no executor shutdown, no atexit
+        campaign.wait()
+    assert len(workers) == 2
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30  # the tasks sleep 600 s: only the exit can end them
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(running, workers))
 
 
 def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):

@@ -30,6 +30,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -463,10 +464,32 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
 LAZY_IMPORTS = ("timm", "peft", "transformers", "datasets", "flwr_datasets", "sklearn")
 
 
-def _one_torch_thread() -> None:
+def _start_worker() -> None:
+    """A worker of ``--jobs``: one torch thread, and it ends with the process that started it.
+    Killed by a signal, that process runs no clean-up, and the runs it had handed out would go
+    on for minutes, unseen, taking the cores and storing records (the watch is on the pipe its
+    parent holds open, which closes however the parent ends)."""
+    import multiprocessing
+    import threading
+
     import torch
 
     torch.set_num_threads(1)
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True,
+                     name="exit-with-parent").start()
+
+
+def worker_pool(jobs: int, preload: tuple[str, ...] = ()):
+    """``jobs`` worker processes, each on one torch thread, ended with this process. Not forks
+    of this process (a forked torch with its threads started can hang): a fork server that has
+    imported ``preload`` once, before any torch thread exists."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    return ProcessPoolExecutor(jobs, context, initializer=_start_worker)
 
 
 def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
@@ -491,15 +514,10 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
             f"{record['seconds']:.0f} s, {record['rejected-replies']} replies rejected")
 
     if jobs > 1 and len(todo) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        # not a fork of this process (a forked torch with its threads started can hang): a
-        # fork server that has imported the runner once, before any torch thread exists
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["fedtune_app.apps.inprocess", "fedtune_app.methods",
-                                        *LAZY_IMPORTS])
-        with ProcessPoolExecutor(jobs, context, initializer=_one_torch_thread) as pool:
+        with worker_pool(jobs, ("fedtune_app.apps.inprocess", "fedtune_app.methods",
+                                *LAZY_IMPORTS)) as pool:
             running = {pool.submit(execute, spec, results, store, commit,
                                    fingerprints[spec.keys["method"]]): spec for spec in todo}
             try:
