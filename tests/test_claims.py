@@ -144,7 +144,8 @@ def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
 
 def test_a_collapsing_arm_flags_the_verdict(hand_tier):
     records = dict(hand_tier)
-    # InclusiveFL peaks at 95 and ends at 70 + 2s: more than 5 points under its own best
+    # InclusiveFL peaks at 95 and ends at 70 + 2s: more than 5 points under its own best, and
+    # under AllSmall (79 - s)
     for s in range(3):
         records["t-hand", "inclusivefl", s] = _flat(70.0 + 2 * s, tail=[95] + [70 + 2 * s] * 5)
     row = _rows(records)["t-a"]
@@ -153,7 +154,12 @@ def test_a_collapsing_arm_flags_the_verdict(hand_tier):
     # withheld by the gate, the test alone still names the collapsing arm
     gated = row | {"verdict": cs.Verdict(cs.NOT_CONVERGED, reason="fedra", flags=("x",)),
                    "test_alone": cs.REPRODUCED}
-    assert cl._verdict_text(gated).endswith(f"last 5 evaluations; {cs.COLLAPSING}")
+    assert cl._verdict_text(gated).endswith(
+        f"last 5 evaluations; {cs.COLLAPSING} (inclusivefl: below AllSmall and under its own best)")
+    # the flag says which part of the gate each arm tripped
+    both = {"a": "final -2.00 points against AllSmall; final -6.00 points under its own best",
+            "b": "final -1.00 points against AllSmall"}
+    assert cl._collapse_kinds(both) == "a: below AllSmall and under its own best, b: below AllSmall"
 
 
 def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkeypatch):

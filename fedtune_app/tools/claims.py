@@ -820,6 +820,17 @@ def _p(p: float) -> str:
     return "-" if not math.isfinite(p) else f"{p:.3g}" if p >= 1e-4 else "<1e-4"
 
 
+def _collapse_kinds(collapse: dict[str, str]) -> str:
+    """Which arms tripped gate (3) and by which part: a drift from an arm's own best is a
+    collapse in time; an arm below AllSmall throughout (model groups whose models each see a
+    few domains) is a weak baseline, not a drift, and the reader should see which."""
+    def kinds(why: str) -> str:
+        return " and ".join(k for k, part in (("below AllSmall", "against AllSmall"),
+                                              ("under its own best", "under its own best"))
+                            if part in why)
+    return ", ".join(f"{arm}: {kinds(why)}" for arm, why in collapse.items())
+
+
 def _verdict_text(row: dict) -> str:
     v = row["verdict"]
     text = f"**{v.verdict}**"
@@ -831,7 +842,7 @@ def _verdict_text(row: dict) -> str:
             text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
     if v.flags and (v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE)
                     or row.get("test_alone")):
-        text += f"; {cs.COLLAPSING}"
+        text += f"; {cs.COLLAPSING} ({_collapse_kinds(row['collapse'])})"
     if row.get("below_target"):
         text += f"; {BELOW_TARGET}"
     if row["claim"].same_as and row.get("identical") is not None:
@@ -980,7 +991,10 @@ HOW_TO_READ = (
     "else **not converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% "
     "interval, lower end) above the claim's detectable difference, else **setting not "
     "discriminative**; (3) an arm whose final evaluation is below AllSmall's, or more than "
-    f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**. "
+    f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**, "
+    "naming each such arm and the part it tripped (with model groups, where each group's "
+    "model sees only its clients' domains, an arm can sit below AllSmall from the first "
+    "evaluation to the last: a weak arm there, not a drift). "
     "On a tier with a fixed seed count, a setting whose mean AllLarge - AllSmall is under the "
     f"{GAP_TARGET:g} points it was calibrated to reach flags its claims' verdicts too (the "
     "tier's design target, beside the gate's part (2), which was fixed per claim before the "
