@@ -510,7 +510,7 @@ def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):
 
 # ---------------------------------------------------------------- the mini tier and its rates
 
-def test_the_mini_tier_plans_every_claim_with_ten_seeds():
+def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
     # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5),
     # and the six of the LoRA-rank papers' abstracts
@@ -546,7 +546,10 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds():
     assert fedra_dyn.keys["dynamic-capacities"] is True
     # tuned rates are the default: before any tuning run, planning says what to do first
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
-        cl.plan_runs([], "mini")
+        cl.plan_runs([], "mini", store=tmp_path)
+    # the committed tuning records choose a rate from the grid for every arm of every claim
+    tuned = cl.plan_runs([], "mini")
+    assert len(tuned) == len(specs) and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
 def test_the_rank_settings_hold_every_block_and_share_their_gate():
