@@ -6,7 +6,7 @@ and whether the two stored the same test results, run by run.
 The runs are a claim's arms on a few seeds, cut to a few rounds, at the papers' rate 0.01 (so no
 tuning runs are needed). Run it on an otherwise idle machine with at least N cores:
 
-    python benchmarks/bench_claims_jobs.py fedra-t1-vs-allsmall --tier mini --seeds 2 --rounds 6
+    python benchmarks/bench_claims_jobs.py fedra-t1-vs-allsmall --tier mini --seeds 2 --rounds 10
 """
 
 from __future__ import annotations
