@@ -821,14 +821,8 @@ def _p(p: float) -> str:
 
 
 def _collapse_kinds(collapse: dict[str, str]) -> str:
-    """Which arms tripped gate (3) and by which part: a drift from an arm's own best is a
-    collapse in time; an arm below AllSmall throughout (model groups whose models each see a
-    few domains) is a weak baseline, not a drift, and the reader should see which."""
-    def kinds(why: str) -> str:
-        return " and ".join(k for k, part in (("below AllSmall", "against AllSmall"),
-                                              ("under its own best", "under its own best"))
-                            if part in why)
-    return ", ".join(f"{arm}: {kinds(why)}" for arm, why in collapse.items())
+    """Which arms tripped gate (3) and by which part."""
+    return ", ".join(f"{arm}: {cs.collapse_parts(why)}" for arm, why in collapse.items())
 
 
 def _verdict_text(row: dict) -> str:

@@ -59,6 +59,7 @@ LAST_EVALUATIONS = 3  # the primary metric's window
 FLAT_POINTS = 1.0  # converged: the gain over the last 20% of rounds is below this
 FLAT_FRACTION = 0.2
 COLLAPSE_POINTS = 5.0  # an arm more than this under its own best evaluation collapsed
+AGAINST_SMALL, UNDER_BEST = "against AllSmall", "under its own best"  # collapse's parts
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 RUNNING, NOT_RUN = "running", "no records yet"
@@ -283,10 +284,18 @@ def collapse(finals: list[float], bests: list[float], small_finals: list[float])
     under_best = float(np.mean(np.subtract(finals, bests)))
     why = []
     if under_small < 0:
-        why.append(f"final {under_small:+.2f} points against AllSmall")
+        why.append(f"final {under_small:+.2f} points {AGAINST_SMALL}")
     if under_best < -COLLAPSE_POINTS:
-        why.append(f"final {under_best:+.2f} points under its own best")
+        why.append(f"final {under_best:+.2f} points {UNDER_BEST}")
     return "; ".join(why)
+
+
+def collapse_parts(why: str) -> str:
+    """The parts of the gate a ``collapse`` reason tripped, without its numbers: a drift from an
+    arm's own best is a collapse in time; an arm below AllSmall throughout (model groups whose
+    models each see a few domains) is a weak arm, not a drift, and a reader should see which."""
+    return " and ".join(part for phrase, part in ((AGAINST_SMALL, "below AllSmall"),
+                                                 (UNDER_BEST, UNDER_BEST)) if phrase in why)
 
 
 # ---------------------------------------------------------------- the test set's error
