@@ -94,6 +94,24 @@ def test_verdicts_with_holm_over_the_tier(hand_tier):
     assert rows["t-a"]["gaps"]["t-hand"][1] is True  # 12 - 2.48 = 9.52 > 3.26
 
 
+def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(hand_tier):
+    """The lr-0.01 column: the size of the effect first (differences 10, 9, 8: mean 9, s 1,
+    95% half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321 = 2.48), then the verdict."""
+    rows = _rows(hand_tier)
+    # InclusiveFL (70, 72, 74) ends below AllSmall (79, 78, 77): the flag follows the verdict
+    text = ("9.00 ± 2.48 (95%): **reproduced**; driven by a collapsing baseline "
+            "(inclusivefl: below AllSmall)")
+    assert cl.beside_text(rows["t-a"]) == text
+    table = cl.verdict_rows(list(rows.values()), {"t-a": cl.beside_text(rows["t-a"])})
+    assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict |")
+    assert table[2].endswith(f"| {text} |")
+    assert table[3].endswith("| - |")  # a claim with nothing at 0.01
+    records = dict(hand_tier)
+    for seed in range(3):  # no InclusiveFL run at all
+        del records["t-hand", "inclusivefl", seed]
+    assert cl.beside_text(_rows(records)["t-a"]) == f"**{cs.NOT_RUN}**"  # no difference yet
+
+
 def test_tier_summary_counts_verdicts_and_the_median_detectable(hand_tier):
     rows = cl.evaluate("t", records=hand_tier)
     text = cl.tier_summary(rows, hand_tier)[0]

@@ -1048,20 +1048,31 @@ ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validatio
               "replies | seconds per run (CPU) |", "|---|---|---|---|---|---|---|---|---|---|"]
 
 
+def difference_text(row: dict) -> str:
+    """The claim's difference with its interval and the interval's level, or '-'."""
+    d = row["verdict"].difference
+    return "-" if d is None else f"{_ci(d)} ({d.confidence:.0%})" if d.n > 1 else _ci(d)
+
+
+def beside_text(row: dict) -> str:
+    """A claim at the papers' 0.01: its difference (the size, not only the verdict) and verdict."""
+    d = difference_text(row)
+    return _verdict_text(row) if d == "-" else f"{d}: {_verdict_text(row)}"
+
+
 def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
-    """The verdict table of a tier; ``beside``: claim id -> verdict text at the papers' 0.01."""
+    """The verdict table of a tier; ``beside``: claim id -> ``beside_text`` at the papers'
+    0.01."""
     head = ("| claim | paper | paper's difference | ours: difference (CI) | paper's against "
             "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
     rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     if beside is not None:
-        head, rule = head + " verdict at lr 0.01 |", rule + "---|"
+        head, rule = head + " at lr 0.01: difference (CI), verdict |", rule + "---|"
     lines = [head, rule]
     for row in rows:
         c, v = row["claim"], row["verdict"]
         position, ratio = effect_text(row)
-        ci = "-" if v.difference is None else (
-            f"{_ci(v.difference)} ({v.difference.confidence:.0%})"
-            if v.difference.n > 1 else _ci(v.difference))
+        ci = difference_text(row)
         line = (f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | {ci} | "
                 f"{position} | {ratio} | {_p(v.p)} | {_p(v.p_holm)} | "
                 f"{'-' if not math.isfinite(v.detectable) else f'{v.detectable:.2f}'} | "
@@ -1240,7 +1251,7 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     beside = None
     if tier in reg.LR_GRID:
         paper_rows = evaluate(tier, store, lr_mode="paper")
-        beside = {r["claim"].id: _verdict_text(r) for r in paper_rows}
+        beside = {r["claim"].id: beside_text(r) for r in paper_rows}
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
