@@ -106,10 +106,18 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict |")
     assert table[2].endswith(f"| {text} |")
     assert table[3].endswith("| - |")  # a claim with nothing at 0.01
+    # the claim's section: each arm at 0.01 (FedRA 80, 81, 82: 81 ± 2.48; InclusiveFL 70, 72,
+    # 74: s 2, 72 ± 4.97), then the same difference and verdict, and the command
+    assert cl.claim_section(rows["t-a"], "t", {}, rows["t-a"])[-2] == (
+        "- At the papers' 0.01 for every arm (3 of 3 seeds; `fedtune claims run t-a --tier t "
+        f"--lr paper`): fedra 81.00 ± 2.48; inclusivefl 72.00 ± 4.97; difference {text}.")
     records = dict(hand_tier)
     for seed in range(3):  # no InclusiveFL run at all
         del records["t-hand", "inclusivefl", seed]
-    assert cl.beside_text(_rows(records)["t-a"]) == f"**{cs.NOT_RUN}**"  # no difference yet
+    missing = _rows(records)["t-a"]
+    assert cl.beside_text(missing) == f"**{cs.NOT_RUN}**"  # no difference yet
+    assert cl.paper_rate_text(missing) == (
+        "- At the papers' 0.01: no records yet (`fedtune claims run t-a --tier t --lr paper`).")
 
 
 def test_tier_summary_counts_verdicts_and_the_median_detectable(hand_tier):

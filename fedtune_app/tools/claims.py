@@ -1105,7 +1105,20 @@ def by_round_text(row: dict) -> str:
             + ", ".join(f"round {r} {_ci(ci)} {side}" for r, ci, side in reads) + f": {same}.")
 
 
-def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
+def paper_rate_text(row: dict) -> str:
+    """A claim's line at the papers' 0.01 (every arm at it, the claim's own seeds)."""
+    c = row["claim"]
+    rerun = f"`fedtune claims run {c.id} --tier {row['tier']} --lr paper`"
+    if not row["seeds"]:
+        return f"- At the papers' 0.01: no records yet ({rerun})."
+    arms = "; ".join(f"{arm} {_ci(info['primary'])}" for arm, info in row["per_arm"].items())
+    return (f"- At the papers' 0.01 for every arm ({len(row['seeds'])} of {row['need']} "
+            f"seeds; {rerun}): {arms}; difference {beside_text(row)}.")
+
+
+def claim_section(row: dict, tier: str, choices: dict, at_paper_rate: dict | None = None
+                  ) -> list[str]:
+    """A claim's section; ``at_paper_rate``: its row at the papers' 0.01 (tuned tiers)."""
     c, v = row["claim"], row["verdict"]
     lines = [f"#### `{c.id}`: {_verdict_text(row)}", "",
              f"{c.paper}, {c.table}: {c.sentence}. Direction: {c.direction}"
@@ -1168,6 +1181,8 @@ def claim_section(row: dict, tier: str, choices: dict) -> list[str]:
     lines.append(f"- Gate (2) discrimination: {gaps}.")
     flags = "; ".join(v.flags) or "none"
     lines.append(f"- Gate (3) collapse: {flags}.")
+    if at_paper_rate is not None:
+        lines.append(paper_rate_text(at_paper_rate))
     return lines + [""]
 
 
@@ -1248,10 +1263,10 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     rows = evaluate(tier, store, records)
     claims = [r["claim"] for r in rows]
     choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
-    beside = None
+    beside, at_paper_rate = None, {}
     if tier in reg.LR_GRID:
-        paper_rows = evaluate(tier, store, lr_mode="paper")
-        beside = {r["claim"].id: beside_text(r) for r in paper_rows}
+        at_paper_rate = {r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
+        beside = {claim: beside_text(r) for claim, r in at_paper_rate.items()}
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
@@ -1302,7 +1317,7 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     if records or tier in reg.LR_GRID:  # the mini tier shows its plan before any record
         lines += [f"### Claims of tier `{tier}`", ""]
         for row in rows:
-            lines += claim_section(row, tier, choices)
+            lines += claim_section(row, tier, choices, at_paper_rate.get(row["claim"].id))
     if records:
         lines += [f"### Records of tier `{tier}` and the code that made them", ""]
         lines += older_code_section(tier, records)
