@@ -102,7 +102,7 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     text = ("9.00 ± 2.48 (95%): **reproduced**; driven by a collapsing baseline "
             "(inclusivefl: below AllSmall)")
     assert cl.beside_text(rows["t-a"]) == text
-    table = cl.verdict_rows(list(rows.values()), {"t-a": cl.beside_text(rows["t-a"])})
+    table = cl.verdict_rows(list(rows.values()), {"t-a": rows["t-a"]})
     assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict |")
     assert table[2].endswith(f"| {text} |")
     assert table[3].endswith("| - |")  # a claim with nothing at 0.01

@@ -1056,17 +1056,18 @@ def difference_text(row: dict) -> str:
 
 def beside_text(row: dict) -> str:
     """A claim at the papers' 0.01: its difference (the size, not only the verdict) and verdict."""
-    d = difference_text(row)
-    return _verdict_text(row) if d == "-" else f"{d}: {_verdict_text(row)}"
+    if row["verdict"].difference is None:
+        return _verdict_text(row)
+    return f"{difference_text(row)}: {_verdict_text(row)}"
 
 
-def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
-    """The verdict table of a tier; ``beside``: claim id -> ``beside_text`` at the papers'
-    0.01."""
+def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[str]:
+    """The verdict table of a tier; ``at_paper_rate``: claim id -> its row at the papers' 0.01,
+    shown in a last column (tuned tiers)."""
     head = ("| claim | paper | paper's difference | ours: difference (CI) | paper's against "
             "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
     rule = "|---|---|---|---|---|---|---|---|---|---|---|"
-    if beside is not None:
+    if at_paper_rate is not None:
         head, rule = head + " at lr 0.01: difference (CI), verdict |", rule + "---|"
     lines = [head, rule]
     for row in rows:
@@ -1077,8 +1078,9 @@ def verdict_rows(rows: list[dict], beside: dict | None = None) -> list[str]:
                 f"{position} | {ratio} | {_p(v.p)} | {_p(v.p_holm)} | "
                 f"{'-' if not math.isfinite(v.detectable) else f'{v.detectable:.2f}'} | "
                 f"{len(row['seeds'])}/{row['need']} | {_verdict_text(row)} |")
-        if beside is not None:
-            line += f" {beside.get(c.id, '-')} |"
+        if at_paper_rate is not None:
+            paper_row = at_paper_rate.get(c.id)
+            line += f" {'-' if paper_row is None else beside_text(paper_row)} |"
         lines.append(line)
     return lines
 
@@ -1263,15 +1265,13 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     rows = evaluate(tier, store, records)
     claims = [r["claim"] for r in rows]
     choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
-    beside, at_paper_rate = None, {}
-    if tier in reg.LR_GRID:
-        at_paper_rate = {r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
-        beside = {claim: beside_text(r) for claim, r in at_paper_rate.items()}
+    at_paper_rate = ({r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
+                     if tier in reg.LR_GRID else None)
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
-    lines += (verdict_rows(rows, beside) + [""] + tier_summary(rows, records)
+    lines += (verdict_rows(rows, at_paper_rate) + [""] + tier_summary(rows, records)
               + tier_cost(tier, records, store))
     if choices:
         lines += [f"### Learning rates of tier `{tier}`", "",
@@ -1317,7 +1317,8 @@ def tier_section(tier: str, store: Path, out: Path) -> list[str]:
     if records or tier in reg.LR_GRID:  # the mini tier shows its plan before any record
         lines += [f"### Claims of tier `{tier}`", ""]
         for row in rows:
-            lines += claim_section(row, tier, choices, at_paper_rate.get(row["claim"].id))
+            lines += claim_section(row, tier, choices,
+                                   (at_paper_rate or {}).get(row["claim"].id))
     if records:
         lines += [f"### Records of tier `{tier}` and the code that made them", ""]
         lines += older_code_section(tier, records)
