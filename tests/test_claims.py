@@ -472,6 +472,32 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
 
 
+def test_a_run_stored_meanwhile_by_another_campaign_is_not_run_again(tmp_path, smoke_claim):
+    """Two campaigns on one store (overlapping globs, or a share each): a run the other stored
+    after this one planned comes back as stored, and nothing runs."""
+    store, results = tmp_path / "store", tmp_path / "results"
+    specs = cl.plan_runs([smoke_claim.id], "smoke", 1, store)
+    first = specs[0]
+    other = {"final": 0.25, "seconds": 3.0, "rejected-replies": 0, "hash": first.hash}
+    calls = {"n": 0}
+
+    def other_campaign_stores_it(message):
+        if calls["n"] == 0:  # right after planning, before any run starts
+            folder = store / first.folder / first.tier
+            folder.mkdir(parents=True)
+            (folder / f"{first.name}.json").write_text(json.dumps(other))
+        calls["n"] += 1
+        lines.append(message)
+
+    lines = []
+    records = cl._run_specs([first], store, results, other_campaign_stores_it, "claims")
+    assert records == [other]  # the stored record, without the marker
+    assert not results.exists()  # no run started
+    assert lines[1] == (f"claims: claims run 1/1 {first.setting} {first.arm} seed 0 lr "
+                        f"{first.keys['lr']:g}: stored meanwhile by another campaign, "
+                        "not run again")
+
+
 def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
     """Two runs at a time, each in its own worker process: the same records as one process
     running them in turn (each run is seeded on its own), curves equal to the last digit."""

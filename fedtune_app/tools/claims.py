@@ -442,10 +442,14 @@ def _by_group(correct: dict) -> dict:
 def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
             commit: str | None = None, fingerprint: str | None = None) -> dict:
     """Run one (setting, arm, seed) in this process and store its record; ``commit`` and
-    ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs)."""
+    ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs). A run
+    another campaign stored since this one planned is not run again: its record comes back,
+    marked ``reused``."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
 
+    if (stored := find_cached(spec, store)) is not None:
+        return stored | {"reused": True}
     commit = commit or git_commit()
     started, cpu_started = time.time(), time.process_time()
     # a folder per run: runs of one method and seed (tuning's rates) start in the same second
@@ -507,11 +511,15 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
     commit, fingerprints = git_commit(), code_fingerprints()
 
     def finished(i: int, spec: RunSpec, record: dict) -> None:
+        reused = record.pop("reused", False)
         done[spec.hash] = record
         lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
         log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
-            f"{spec.seed}{lr}: accuracy {100 * record['final']:.2f}% in "
-            f"{record['seconds']:.0f} s, {record['rejected-replies']} replies rejected")
+            f"{spec.seed}{lr}: " + ("stored meanwhile by another campaign, not run again"
+                                    if reused else
+                                    f"accuracy {100 * record['final']:.2f}% in "
+                                    f"{record['seconds']:.0f} s, "
+                                    f"{record['rejected-replies']} replies rejected"))
 
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import as_completed
