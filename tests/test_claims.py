@@ -476,20 +476,17 @@ def test_a_run_stored_meanwhile_by_another_campaign_is_not_run_again(tmp_path, s
     """Two campaigns on one store (overlapping globs, or a share each): a run the other stored
     after this one planned comes back as stored, and nothing runs."""
     store, results = tmp_path / "store", tmp_path / "results"
-    specs = cl.plan_runs([smoke_claim.id], "smoke", 1, store)
-    first = specs[0]
+    first = cl.plan_runs([smoke_claim.id], "smoke", 1, store)[0]
     other = {"final": 0.25, "seconds": 3.0, "rejected-replies": 0, "hash": first.hash}
-    calls = {"n": 0}
+    lines = []
 
     def other_campaign_stores_it(message):
-        if calls["n"] == 0:  # right after planning, before any run starts
+        if not lines:  # the planning line: no run has started yet
             folder = store / first.folder / first.tier
             folder.mkdir(parents=True)
             (folder / f"{first.name}.json").write_text(json.dumps(other))
-        calls["n"] += 1
         lines.append(message)
 
-    lines = []
     records = cl._run_specs([first], store, results, other_campaign_stores_it, "claims")
     assert records == [other]  # the stored record, without the marker
     assert not results.exists()  # no run started
