@@ -514,12 +514,11 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
         reused = record.pop("reused", False)
         done[spec.hash] = record
         lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
+        outcome = ("stored meanwhile by another campaign, not run again" if reused else
+                   f"accuracy {100 * record['final']:.2f}% in {record['seconds']:.0f} s, "
+                   f"{record['rejected-replies']} replies rejected")
         log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
-            f"{spec.seed}{lr}: " + ("stored meanwhile by another campaign, not run again"
-                                    if reused else
-                                    f"accuracy {100 * record['final']:.2f}% in "
-                                    f"{record['seconds']:.0f} s, "
-                                    f"{record['rejected-replies']} replies rejected"))
+            f"{spec.seed}{lr}: {outcome}")
 
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import as_completed
