@@ -51,14 +51,15 @@ run: setup
 	@$(FEDTUNE) run --results "$(RESULTS)" --run-config '$(CONFIG)' --federation-config '$(FEDERATION)'
 
 # TEST_WORKERS pytest processes (pytest-xdist); the tests that go through `flwr run`'s fixed
-# local SuperLink ports share one (xdist group "local-superlink").
+# local SuperLink ports share one (xdist group "local-superlink"). The 25 slowest tests are
+# listed at the end, so a log shows where the suite's time goes.
 TEST_WORKERS ?= 2
 # one torch thread per test process: tiny models gain little from more, and on a machine whose
 # cores other jobs also use, OpenMP's busy threads slow runs down 20-80x
 test: setup
 	$(BIN)/ruff check --quiet .
 	$(BIN)/lint-imports --no-cache --no-logo
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # Mutation testing of the guarding modules (not part of `make test`; about 25 min on a busy
 # 2-core machine): per module, the fast tests that cover it; MODULES= a subset (scripts/mutate.py)
