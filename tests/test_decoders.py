@@ -347,15 +347,31 @@ def test_a_bf16_checkpoint_config_builds_float32_parameters():
 
 @pytest.mark.integration
 @pytest.mark.xdist_group("local-superlink")
-def test_flwr_run_with_a_decoder(decoder_dirs, glue_dir, tmp_path):
-    """The real `flwr run .` (Ray simulation engine) with a tiny Llama: FedRA, 3 clients."""
-    from test_flwr_run import flwr_run
+def test_fedtune_run_trains_a_decoder_in_ray_and_prints_the_results_folder(decoder_dirs,
+                                                                           glue_dir, tmp_path):
+    """`fedtune run` = `flwr run` of the FAB (built with fab-include) under the Makefile's
+    environment, through Ray's simulation engine, with a tiny Llama: FedRA, 3 clients, 2 rounds
+    tracked with TensorBoard; it prints the results folder and stops the SuperLink afterwards.
+    (One Ray run for the command and the decoder: Ray's start-up is most of its cost.)"""
+    import os
+    import subprocess
+    import sys
 
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
     keys = decoder_run(decoder_dirs, glue_dir, tmp_path, "fedra")
+    del keys["results-dir"]  # --results sets it
     run_config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
-                          for k, v in keys.items())
-    folder, log = flwr_run(tmp_path, run_config)
-    assert folder, log[-4000:]
+                          for k, v in (keys | {"tracker": "tensorboard"}).items())
+    home = tmp_path / "flwr-home"
+    env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
+                           str(root), "--results", str(tmp_path), "--run-config", run_config],
+                          cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    folder = Path(proc.stdout.strip().splitlines()[-1])
+    assert folder.parent == tmp_path
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
     assert all(m["rejected"] == {} for m in metrics)
@@ -364,3 +380,7 @@ def test_flwr_run_with_a_decoder(decoder_dirs, glue_dir, tmp_path):
     sent = {n.split(".mlp.down_proj.")[0] for n in load_file(str(folder / "state.safetensors"))
             if ".mlp.down_proj." in n}
     assert sent == {"blocks.0", "blocks.1", "blocks.2"}
+    assert any((folder / "tensorboard").iterdir())
+    assert "ETA 0:00" in (home / "last-run.log").read_text()
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(home) in " ".join(p.info["cmdline"] or [])]

@@ -67,28 +67,3 @@ def test_fedtune_console_script_lists_every_subcommand():
                          text=True, check=True, capture_output=True, timeout=120).stdout
     for command in SUBCOMMANDS:
         assert command in out
-
-
-@pytest.mark.integration
-@pytest.mark.xdist_group("local-superlink")
-def test_fedtune_run_runs_flwr_and_prints_the_results_folder(tmp_path):
-    """`fedtune run` = `flwr run` of the FAB (built with fab-include) under the Makefile's
-    environment: the smoke preset trains 2 rounds and the SuperLink is stopped afterwards."""
-    import json
-
-    import psutil
-
-    home = tmp_path / "flwr-home"
-    env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
-                           str(ROOT), "--results", str(tmp_path), "--run-config",
-                           'preset="smoke" tracker="tensorboard"'], cwd=tmp_path, env=env,
-                          text=True, capture_output=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    folder = Path(proc.stdout.strip().splitlines()[-1])
-    assert folder.parent == tmp_path
-    assert [m["round"] for m in json.loads((folder / "metrics.json").read_text())] == [1, 2]
-    assert any((folder / "tensorboard").iterdir())
-    assert "ETA 0:00" in (home / "last-run.log").read_text()
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if str(home) in " ".join(p.info["cmdline"] or [])]
