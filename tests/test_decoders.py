@@ -4,9 +4,13 @@ removed (left and right padding), global adapter names, HeteroTune over two deco
 every method on a tiny GLUE-shaped data set, and the errors a user can meet."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from safetensors.numpy import load_file
@@ -353,12 +357,6 @@ def test_fedtune_run_trains_a_decoder_in_ray_and_prints_the_results_folder(decod
     environment, through Ray's simulation engine, with a tiny Llama: FedRA, 3 clients, 2 rounds
     tracked with TensorBoard; it prints the results folder and stops the SuperLink afterwards.
     (One Ray run for the command and the decoder: Ray's start-up is most of its cost.)"""
-    import os
-    import subprocess
-    import sys
-
-    import psutil
-
     root = Path(__file__).resolve().parents[1]
     keys = decoder_run(decoder_dirs, glue_dir, tmp_path, "fedra")
     del keys["results-dir"]  # --results sets it
