@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedtune_app.tools import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PORT_RANGE = (19000, 19999)
@@ -38,10 +40,10 @@ def free_port(taken: set[int]) -> int:
 
 
 def flower_env(home: Path) -> dict[str, str]:
-    return {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    """What `fedtune run` gives Flower (the Makefile's settings, local-SuperLink ports of its own:
+    `flwr run` would reuse any SuperLink already on Flower's fixed ones), with this test's
+    FLWR_HOME and the hub offline whatever the caller's shell says."""
+    return cli.flower_env(ROOT) | {"FLWR_HOME": str(home), "HF_HUB_OFFLINE": "1"}
 
 
 class LocalDeployment:

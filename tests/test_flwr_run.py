@@ -1,31 +1,28 @@
 """The real thing: `flwr run .` through Flower's Ray-backed simulation engine."""
 
+import contextlib
 import json
-import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.cli.constant import LOCAL_CONTROL_API_PORT, LOCAL_SUPERLINK_HTTP_API_PORT
 from safetensors.numpy import load_file
 
 from fedtune_app.methods import resolve_config
 from fedtune_app.tools.local_superlink import stop
+from localdeploy import flower_env
 from runs import assert_accuracy_counts_the_test_set
 
-# `flwr run` reuses whatever local SuperLink answers on its fixed ports: one at a time
+# the Ray runs through `flwr run` go one at a time on one xdist worker (see the Makefile)
 pytestmark = pytest.mark.xdist_group("local-superlink")
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-
-def flower_env(flwr_home: Path) -> dict:
-    return {**os.environ, "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "HF_HUB_OFFLINE": "1", "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
 def flwr_run(tmp_path: Path, run_config: str, supernodes: int = 3,
@@ -85,6 +82,15 @@ def test_flwr_run_trains_fedra_in_ray_actors_and_rejects_raising_and_nan_clients
 
 @pytest.mark.integration
 def test_flwr_run_stops_on_bad_config_before_training(tmp_path):
-    folder, log = flwr_run(tmp_path, 'preset="smoke" capacities="9,2,1"', timeout=300)
+    """Also: our `flwr run` leaves Flower's fixed local-SuperLink ports alone. They are held by a
+    listener that never answers (where free to hold), which would make a `flwr run` on them fail
+    to start its SuperLink, or reuse whatever SuperLink sits there."""
+    with contextlib.ExitStack() as held:
+        for port in (LOCAL_SUPERLINK_HTTP_API_PORT, LOCAL_CONTROL_API_PORT):
+            listener = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # taken already: by something we must not use
+                listener.bind(("127.0.0.1", int(port)))
+                listener.listen()
+        folder, log = flwr_run(tmp_path, 'preset="smoke" capacities="9,2,1"', timeout=300)
     assert "'capacities': client 0 has capacity 9; allowed: 1..4" in log, log[-3000:]
     assert folder is None and "[ROUND 1" not in log

@@ -22,7 +22,7 @@ from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.tools.cli import checkpoint_round
 from fedtune_app.tools.local_superlink import stop
 
-# `flwr run` reuses whatever local SuperLink answers on its fixed ports: one at a time
+# the Ray runs through `flwr run` go one at a time on one xdist worker (see the Makefile)
 pytestmark = pytest.mark.xdist_group("local-superlink")
 
 ROOT = Path(__file__).resolve().parent.parent
