@@ -208,7 +208,8 @@ def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkey
 
 def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypatch):
     """FlexiFed is Homo when the groups' widths differ: such a claim names the one it equals,
-    the report checks their runs are the same, and Holm's family counts it once."""
+    the report checks their runs are the same, and Holm's family counts it once: the twin is
+    decided at the other's adjusted p, so equal runs read the same verdict."""
     import dataclasses
 
     twin = dataclasses.replace(cl.CLAIMS["t-a"], id="t-twin", terms=(
@@ -221,9 +222,13 @@ def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypa
     rows = _rows(records)
     assert rows["t-twin"]["identical"] is True and "runs identical" in cl._verdict_text(
         rows["t-twin"])
-    assert rows["t-twin"]["verdict"].verdict == cs.INCONCLUSIVE  # counted under t-a
-    # the family is still t-a and t-b: t-a's adjusted p is twice its own, not three times
-    assert rows["t-a"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)))
+    # the family is still t-a and t-b: t-a's adjusted p is twice its own, not three times,
+    # and the twin (differences 10, 9, 8 as t-a's) is reproduced at that same p
+    holm_a = 2 * (1 - math.sqrt(243 / 245))
+    assert rows["t-a"]["verdict"].p_holm == pytest.approx(holm_a, rel=1e-9)
+    decided = rows["t-twin"]["verdict"]
+    assert (decided.verdict, decided.p_holm) == (cs.REPRODUCED, rows["t-a"]["verdict"].p_holm)
+    assert "same as t-a" in decided.reason
     records["t-hand", "depthfl", 1] = _flat(60.0)
     assert _rows(records)["t-twin"]["identical"] is False
 

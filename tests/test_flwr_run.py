@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.cli.constant import LOCAL_CONTROL_API_PORT, LOCAL_SUPERLINK_HTTP_API_PORT
 from safetensors.numpy import load_file
 
 from fedtune_app.methods import resolve_config
@@ -22,6 +21,8 @@ from runs import assert_accuracy_counts_the_test_set
 pytestmark = pytest.mark.xdist_group("local-superlink")
 
 ROOT = Path(__file__).resolve().parent.parent
+# Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)
+FLOWER_LOCAL_SUPERLINK_PORTS = (39091, 39093)
 BIN = Path(sys.executable).parent
 
 
@@ -86,11 +87,13 @@ def test_flwr_run_stops_on_bad_config_before_training(tmp_path):
     listener that never answers (where free to hold), which would make a `flwr run` on them fail
     to start its SuperLink, or reuse whatever SuperLink sits there."""
     with contextlib.ExitStack() as held:
-        for port in (LOCAL_SUPERLINK_HTTP_API_PORT, LOCAL_CONTROL_API_PORT):
+        for port in FLOWER_LOCAL_SUPERLINK_PORTS:
             listener = held.enter_context(socket.socket())
             with contextlib.suppress(OSError):  # taken already: by something we must not use
-                listener.bind(("127.0.0.1", int(port)))
+                listener.bind(("127.0.0.1", port))
                 listener.listen()
         folder, log = flwr_run(tmp_path, 'preset="smoke" capacities="9,2,1"', timeout=300)
+    started = re.search(r"Starting local SuperLink on 127\.0\.0\.1:(\d+)", log)
+    assert started and int(started.group(1)) not in FLOWER_LOCAL_SUPERLINK_PORTS, log[-3000:]
     assert "'capacities': client 0 has capacity 9; allowed: 1..4" in log, log[-3000:]
     assert folder is None and "[ROUND 1" not in log

@@ -735,12 +735,13 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
             + ", ".join(blind))
     elif any(ok is None for _, ok, _ in row["gaps"].values()):
         verdict, reason = cs.RUNNING, "AllLarge / AllSmall not all in"
-    elif claim.same_as:
-        verdict, reason = cs.INCONCLUSIVE, f"same as {claim.same_as}: counted there"
     else:
         row["testable"] = True
-    # every claim with all its seeds is a test of the family, gate passed or not
-    row["tested"] = len(seeds) == need and not claim.same_as
+        if claim.same_as:
+            reason = f"same as {claim.same_as}: one hypothesis, counted once by Holm"
+    # every claim with all its seeds is tested, gate passed or not; Holm's family leaves out
+    # a claim equal to another
+    row["tested"] = len(seeds) == need
     row["verdict"] = cs.Verdict(verdict or cs.INCONCLUSIVE, ci, p, math.nan, detect, reason,
                                 tuple(f"{a}: {w}" for a, w in row["collapse"].items()))
     return row
@@ -774,12 +775,12 @@ def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None
                         for r in rows if not r["claim"].same_as})
     for row in rows:
         v, c = row["verdict"], row["claim"]
-        if row["tested"]:
-            decided = cs.decide(row["differences"], c.direction, c.margin, adjusted[c.id])
+        if row["tested"]:  # a claim equal to another is decided at that one's adjusted p
+            p_holm = adjusted[c.same_as or c.id]
+            decided = cs.decide(row["differences"], c.direction, c.margin, p_holm)
             if not row["testable"]:
                 row["test_alone"], decided = decided, v.verdict
-            v = cs.Verdict(decided, v.difference, v.p, adjusted[c.id], v.detectable, v.reason,
-                           v.flags)
+            v = cs.Verdict(decided, v.difference, v.p, p_holm, v.detectable, v.reason, v.flags)
         row["verdict"] = v
         if c.same_as:
             row["identical"] = _identical(c, records, row["seeds"])
@@ -1345,8 +1346,9 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     counts: dict = {}
     for row in rows:
         counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
-    done = [row["verdict"].detectable for row in rows
-            if row["tested"] and math.isfinite(row["verdict"].detectable)]
+    done = [row["verdict"].detectable for row in rows  # a claim equal to another: once
+            if row["tested"] and not row["claim"].same_as
+            and math.isfinite(row["verdict"].detectable)]
     per_arm: dict = {}
     seen: set = set()  # a run shared by settings (AllLarge) counts under the first
     order = list(SETTINGS)
