@@ -51,7 +51,8 @@ run: setup
 	@$(FEDTUNE) run --results "$(RESULTS)" --run-config '$(CONFIG)' --federation-config '$(FEDERATION)'
 
 # TEST_WORKERS pytest processes (pytest-xdist); the Ray runs through `flwr run` share one
-# (xdist group "local-superlink"), one Ray engine at a time. The 25 slowest tests are
+# (xdist group "local-superlink"), one Ray engine at a time: no slower than spreading them
+# (docs/testing.md). The 25 slowest tests are
 # listed at the end, so a log shows where the suite's time goes.
 TEST_WORKERS ?= 2
 # one torch thread per test process: tiny models gain little from more, and on a machine whose
