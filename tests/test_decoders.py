@@ -27,6 +27,7 @@ from fedtune_app.model.adapters import (
     trainable_parameters,
 )
 from fedtune_app.model.backbones import DECODER_TYPES, ModelSpec, build_backbone
+from fedtune_app.tools.cli import toml_value
 
 FAMILIES = {  # model type -> (config class, what differs from Llama)
     "llama": ("LlamaConfig", {}),
@@ -360,7 +361,7 @@ def test_fedtune_run_trains_a_decoder_in_ray_and_prints_the_results_folder(decod
     root = Path(__file__).resolve().parents[1]
     keys = decoder_run(decoder_dirs, glue_dir, tmp_path, "fedra")
     del keys["results-dir"]  # --results sets it
-    run_config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
+    run_config = " ".join(f"{k}={toml_value(v)}"
                           for k, v in (keys | {"tracker": "tensorboard"}).items())
     home = tmp_path / "flwr-home"
     env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(root)}

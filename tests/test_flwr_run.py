@@ -5,7 +5,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +13,14 @@ from safetensors.numpy import load_file
 
 from fedtune_app.methods import resolve_config
 from fedtune_app.tools.local_superlink import stop
-from localdeploy import flower_env
+from localdeploy import BIN, ROOT, flower_env
 from runs import assert_accuracy_counts_the_test_set
 
 # the Ray runs through `flwr run` go one at a time on one xdist worker (see the Makefile)
 pytestmark = pytest.mark.xdist_group("local-superlink")
 
-ROOT = Path(__file__).resolve().parent.parent
 # Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)
 FLOWER_LOCAL_SUPERLINK_PORTS = (39091, 39093)
-BIN = Path(sys.executable).parent
 
 
 def flwr_run(tmp_path: Path, run_config: str, supernodes: int = 3,
