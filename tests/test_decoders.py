@@ -27,7 +27,7 @@ from fedtune_app.model.adapters import (
     trainable_parameters,
 )
 from fedtune_app.model.backbones import DECODER_TYPES, ModelSpec, build_backbone
-from fedtune_app.tools.cli import toml_value
+from fedtune_app.tools.pyproject_keys import toml_value
 
 FAMILIES = {  # model type -> (config class, what differs from Llama)
     "llama": ("LlamaConfig", {}),

@@ -6,7 +6,13 @@ import pytest
 
 import fedtune_app.methods  # noqa: F401  (registers every method's keys)
 from fedtune_app.config import KEYS, ConfigError, app_defaults
-from fedtune_app.tools.pyproject_keys import PYPROJECT, main, render_table, split_pyproject
+from fedtune_app.tools.pyproject_keys import (
+    PYPROJECT,
+    main,
+    render_table,
+    split_pyproject,
+    toml_value,
+)
 
 # The main job (`flwr run .`) = the library defaults but these values (README: "The two commands")
 MAIN_JOB = {"train-subset": 720, "test-subset": 300, "batch-size": 16, "lr": 0.05}
@@ -46,3 +52,11 @@ def test_main_job_values_keep_their_comments_defaults_lose_theirs():
 def test_an_unknown_key_in_pyproject_is_named():
     with pytest.raises(ConfigError, match="unknown run-config key.*fedra-temperature"):
         render_table("[tool.flwr.app.config]\nfedra-temperature = 1.0\n")
+
+
+def test_toml_value_reads_back_as_the_value_it_wrote():
+    values = {"flag": False, "rounds": 5, "lr": 1e-05, "mu": 0.1, "big": 2.5e10,
+              "text": 'say "hi"\\n', "path": "~/a b/c.toml"}
+    text = "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
+    assert tomllib.loads(text) == values
+    assert "lr = 1e-5\n" in text  # the exponent without its leading zero, as pyproject writes it

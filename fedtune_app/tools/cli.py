@@ -18,7 +18,6 @@ unless HF_HUB_OFFLINE is already set: HF_HUB_OFFLINE=0 for the presets that down
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -30,6 +29,7 @@ import sys
 from pathlib import Path
 
 from fedtune_app.config import ConfigError
+from fedtune_app.tools.pyproject_keys import toml_value
 
 # tool name -> (module, one-line help); modules are imported only when their command runs
 TOOLS = {
@@ -68,14 +68,6 @@ def flower_env(app: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)  # flwr run starts flower-superlink from PATH
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     return env
-
-
-def toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    return repr(value)
 
 
 def check_preset_overrides(keys: dict) -> None:

@@ -35,6 +35,7 @@ def base_sections() -> dict[str, str]:
 
 
 def toml_value(value) -> str:
+    """A run-config value as TOML (pyproject's table, ``--run-config``, a run's config copy)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
