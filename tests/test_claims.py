@@ -131,6 +131,18 @@ def test_tier_summary_counts_verdicts_and_the_median_detectable(hand_tier):
     assert "Slowest arm: " in text and ", 1 s a run on average" in text
 
 
+def test_tier_summary_counts_the_runs_and_names_the_arms_over_the_time_target(hand_tier,
+                                                                                monkeypatch):
+    monkeypatch.setitem(reg.TIER_SEEDS, "t", 3)  # a tier with the cost targets
+    for seed, (fedra, inclusivefl) in enumerate([(130, 150), (125, 140), (100, 160)]):
+        hand_tier["t-hand", "fedra", seed]["cpu-seconds"] = fedra  # mean 118.3: within
+        hand_tier["t-hand", "inclusivefl", seed]["cpu-seconds"] = inclusivefl  # mean 150
+    text = cl.tier_summary(cl.evaluate("t", records=hand_tier), hand_tier)[0]
+    assert ("Slowest arm: inclusivefl in `t-hand`, 150 s a run on average (target at most "
+            "120 s on one idle core): 5 of the 12 runs over it; arms over it on average: "
+            "inclusivefl in `t-hand` 150 s.") in text
+
+
 def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     records = dict(hand_tier)
     del records["t-hand", "inclusivefl", 2]
