@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fedtune_app.config import ConfigError
 from fedtune_app.tools import claims as cl
 from fedtune_app.tools import claims_registry as reg
 from fedtune_app.tools import claims_stats as cs
@@ -290,6 +291,18 @@ def smoke_claim(monkeypatch):
                   "hand-made", 1.0, seeds=2)
     monkeypatch.setitem(CLAIMS, claim.id, claim)
     return claim
+
+
+def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch, smoke_claim):
+    executed = []
+    monkeypatch.setattr(cl, "execute", lambda spec, *a: executed.append(spec.name))
+    missing = tmp_path / "none.safetensors"  # neither present nor one of pretrain's families
+    with pytest.raises(ConfigError) as err:
+        cl.run_claims([smoke_claim.id], "smoke", None, tmp_path / "store", tmp_path / "results",
+                      log=lambda t: None, extra={"model-source": str(missing)})
+    assert str(err.value) == (f"claims: 6 runs to do, and their backbone checkpoints are "
+                              f"missing: {missing}: no such checkpoint. Nothing was run.")
+    assert executed == [] and not (tmp_path / "store").exists()
 
 
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):

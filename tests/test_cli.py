@@ -74,3 +74,37 @@ def test_a_key_at_pyprojects_value_beside_a_preset_that_sets_another_is_refused(
     check_preset_overrides({"preset": "smoke", "num-server-rounds": 6, "seed": 0})
     check_preset_overrides({"num-server-rounds": 5})
     check_preset_overrides({"preset": "smoke", "num-server-rounds": 2})  # the preset's own
+
+
+def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The mini preset's backbone is made offline and kept out of git: without it `fedtune run`
+    stops before Flower starts, naming the file and the pretraining command of its family."""
+    from fedtune_app.tools import pretrain
+
+    monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that never pretrained
+    stand_in = tmp_path / "vit12-s-fmnist-mnist16.safetensors"
+    assert main(["run", "--results", str(tmp_path / "results"), "--run-config",
+                 f'preset="mini" model-source="{stand_in}"']) == 2
+    assert capsys.readouterr().err == (
+        f"fedtune: the run's backbone checkpoints are missing: {stand_in}: no such checkpoint "
+        "(make it with `python -m fedtune_app.tools.pretrain --family vit12-s --no-probe "
+        "--threads 1`)\n")
+
+
+def test_missing_checkpoints_reads_every_group_once_and_trusts_a_checkpoint_url(tmp_path,
+                                                                               monkeypatch):
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools import pretrain
+    from fedtune_app.tools.claims import run_config
+
+    monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that pretrained vit12-s only
+    small, tiny = (tmp_path / f"{f}-fmnist-mnist16.safetensors" for f in ("vit12-s", "vit12-t"))
+    small.write_bytes(b"")
+    keys = run_config("mini", "heterotune-groups", "heterotune", 0)  # three widths' groups
+    keys["model-group-sources"] = f"{tiny};{small};{tiny}"
+    assert pretrain.missing_checkpoints(resolve_config(keys)) == [
+        f"{tiny}: no such checkpoint (make it with `python -m fedtune_app.tools.pretrain "
+        "--family vit12-t --no-probe --threads 1`)"]
+    fetched = keys | {"checkpoint-url": "https://example.org/vit12-t.safetensors"}
+    assert pretrain.missing_checkpoints(resolve_config(fetched)) == []

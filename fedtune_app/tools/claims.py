@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedtune_app.config import KEYS, load_preset, parse_int_list
+from fedtune_app.config import KEYS, ConfigError, load_preset, parse_int_list
 from fedtune_app.tools import claims_registry as reg
 from fedtune_app.tools import claims_stats as cs
 from fedtune_app.tools.claims_registry import (
@@ -496,6 +496,20 @@ def worker_pool(jobs: int, preload: tuple[str, ...] = ()):
     return ProcessPoolExecutor(jobs, context, initializer=_start_worker)
 
 
+def check_checkpoints(specs: list[RunSpec]) -> None:
+    """Refuse a campaign whose runs would stop on a missing backbone checkpoint, before any
+    starts (the stand-ins are made offline, kept out of git), naming the commands that make
+    them."""
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools.pretrain import missing_checkpoints
+
+    one_per_arm = {(s.setting, s.arm): s for s in specs}.values()  # seeds share their files
+    missing = sorted({m for s in one_per_arm for m in missing_checkpoints(resolve_config(s.keys))})
+    if missing:
+        raise ConfigError(f"claims: {len(specs)} runs to do, and their backbone checkpoints are "
+                          "missing: " + "; ".join(missing) + ". Nothing was run.")
+
+
 def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
                jobs: int = 1) -> list[dict]:
     """Run the specs not yet in ``store``; ``jobs`` > 1: that many at once, each in its own
@@ -506,6 +520,7 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
 
     done = {s.hash: find_cached(s, store) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
+    check_checkpoints(todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
         f"{len(todo)} to run" + (f", {jobs} at a time" if jobs > 1 and todo else ""))
     commit, fingerprints = git_commit(), code_fingerprints()

@@ -121,8 +121,10 @@ def run(args) -> int:
     Ray), then says where the results so far are and how to resume. The two signals are taken
     even when the shell that started us ignores them (a background job of a script): a user
     who sends one wants the run stopped."""
-    from fedtune_app.tools.config_info import supernodes_needed
+    from fedtune_app.data.scenarios import num_clients
+    from fedtune_app.tools.config_info import resolved
     from fedtune_app.tools.local_superlink import stop
+    from fedtune_app.tools.pretrain import missing_checkpoints
 
     app = Path(args.app).resolve()
     env = flower_env(app)
@@ -131,8 +133,11 @@ def run(args) -> int:
     results = Path(args.results).resolve()
     results.mkdir(parents=True, exist_ok=True)
     run_config = with_results_dir(args.run_config, results, home)
+    cfg = resolved(args.run_config)  # a bad key or a missing file: said here, before Ray starts
+    if missing := missing_checkpoints(cfg):
+        raise ConfigError("the run's backbone checkpoints are missing: " + "; ".join(missing))
     federation = args.federation_config or \
-        f"num-supernodes={supernodes_needed(args.run_config)} client-resources-num-cpus=1"
+        f"num-supernodes={num_clients(cfg)} client-resources-num-cpus=1"
     command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run", str(app), "--stream",
                "--federation-config", federation,
                "--run-config", run_config]

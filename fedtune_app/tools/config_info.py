@@ -24,10 +24,15 @@ from fedtune_app.methods import recipe_for, resolve_config
 from fedtune_app.model.backbones import ModelSpec
 
 
+def resolved(run_config: str) -> RunConfig:
+    """The config a `flwr run . --run-config RUN_CONFIG` of this app resolves to."""
+    given = parse_config_args([run_config]) if run_config.strip() else {}
+    return resolve_config({**app_defaults(), **given})
+
+
 def supernodes_needed(run_config: str) -> int:
     """Simulated SuperNodes of a run: one per client of the (preset's) capacity profile."""
-    given = parse_config_args([run_config]) if run_config.strip() else {}
-    return num_clients(resolve_config({**app_defaults(), **given}))
+    return num_clients(resolved(run_config))
 
 
 # HeteroTune Table 2 (M parameters): full fine-tuning, trained & sent by HeteroTune

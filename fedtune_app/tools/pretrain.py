@@ -79,6 +79,29 @@ def default_checkpoint(family: str) -> Path:
     return CACHE / f"{family}-{source}16.safetensors"
 
 
+def missing_checkpoints(cfg) -> list[str]:
+    """The local checkpoint files a run of ``cfg`` (a resolved ``RunConfig``) would stop on
+    before its first round, each with the command that makes it where it is a family's file of
+    this tool (the offline presets' stand-ins). None when the run fetches its checkpoint
+    ('checkpoint-url')."""
+    from fedtune_app.config import parse_groups
+
+    if cfg.model.checkpoint_url:
+        return []
+    sources = [g["model-source"] for g in parse_groups(cfg.model)] or [cfg.model.model_source]
+    made_here = {default_checkpoint(f).expanduser(): f for f in MODELS}
+    missing = []
+    for source in dict.fromkeys(sources):
+        path = Path(source).expanduser()
+        if source in ("pretrained", "random") or path.exists():
+            continue
+        family = made_here.get(path)
+        missing.append(f"{source}: no such checkpoint" + (
+            f" (make it with `python -m fedtune_app.tools.pretrain --family {family} "
+            "--no-probe --threads 1`)" if family else ""))
+    return missing
+
+
 def probe_features(model: nn.Module, x: torch.Tensor, depth: int | None = None) -> torch.Tensor:
     """Pooled features after the first ``depth`` blocks (all when None) and the final norm: what
     the head of a client holding those blocks sees before any fine-tuning."""
