@@ -293,7 +293,8 @@ def smoke_claim(monkeypatch):
     return claim
 
 
-def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch, smoke_claim):
+def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch, capsys,
+                                                          smoke_claim):
     executed = []
     monkeypatch.setattr(cl, "execute", lambda spec, *a: executed.append(spec.name))
     missing = tmp_path / "none.safetensors"  # neither present nor one of pretrain's families
@@ -303,6 +304,13 @@ def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch
     assert str(err.value) == (f"claims: 6 runs to do, and their backbone checkpoints are "
                               f"missing: {missing}: no such checkpoint. Nothing was run.")
     assert executed == [] and not (tmp_path / "store").exists()
+    # the dry run says so beside the runs it lists
+    cl.print_dry_run(cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path / "store",
+                                  extra={"model-source": str(missing)}))
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 8 and all(line.startswith("todo t-smoke__") for line in out[:6])
+    assert out[7] == ("missing backbone checkpoints (the campaign would stop on them): "
+                      f"{missing}: no such checkpoint")
 
 
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):

@@ -496,18 +496,36 @@ def worker_pool(jobs: int, preload: tuple[str, ...] = ()):
     return ProcessPoolExecutor(jobs, context, initializer=_start_worker)
 
 
-def check_checkpoints(specs: list[RunSpec]) -> None:
-    """Refuse a campaign whose runs would stop on a missing backbone checkpoint, before any
-    starts (the stand-ins are made offline, kept out of git), naming the commands that make
-    them."""
+def missing_checkpoints(specs: list[RunSpec]) -> list[str]:
+    """The backbone checkpoints these runs need that this machine lacks (the stand-ins are made
+    offline and kept out of git), each with the command that makes it."""
     from fedtune_app.methods import resolve_config
-    from fedtune_app.tools.pretrain import missing_checkpoints
+    from fedtune_app.tools import pretrain
 
     one_per_arm = {(s.setting, s.arm): s for s in specs}.values()  # seeds share their files
-    missing = sorted({m for s in one_per_arm for m in missing_checkpoints(resolve_config(s.keys))})
-    if missing:
+    return sorted({m for s in one_per_arm
+                   for m in pretrain.missing_checkpoints(resolve_config(s.keys))})
+
+
+def check_checkpoints(specs: list[RunSpec]) -> None:
+    """Refuse a campaign whose runs would stop on a missing checkpoint, before any starts."""
+    if missing := missing_checkpoints(specs):
         raise ConfigError(f"claims: {len(specs)} runs to do, and their backbone checkpoints are "
                           "missing: " + "; ".join(missing) + ". Nothing was run.")
+
+
+def print_dry_run(specs: list[RunSpec]) -> None:
+    """What a campaign would do: each run done or to do, the core-hours left, and the
+    checkpoints it would stop on."""
+    todo = []
+    for spec in specs:
+        done = find_cached(spec) is not None
+        todo += [] if done else [spec]
+        print(f"{'done' if done else 'todo'} {spec.name}")
+    print(estimate_cost(specs))
+    if missing := missing_checkpoints(todo):
+        print("missing backbone checkpoints (the campaign would stop on them): "
+              + "; ".join(missing))
 
 
 def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
@@ -1511,10 +1529,7 @@ def main(argv=None) -> int:
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "tune":
         if args.dry_run:
-            specs = plan_tuning(args.ids, args.tier, arms)
-            for spec in specs:
-                print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
-            print(estimate_cost(specs))
+            print_dry_run(plan_tuning(args.ids, args.tier, arms))
             return 0
         setup_logging()
         choices = tune_claims(args.ids, args.tier, log=log, arms=arms, jobs=args.jobs)
@@ -1526,11 +1541,8 @@ def main(argv=None) -> int:
         extra = parse_config_args([args.set]) if args.set else {}
         data_dirs = parse_data_dirs(args.data_dir)
         if args.dry_run:
-            specs = plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
-                              lr_mode=args.lr, data_dirs=data_dirs)
-            for spec in specs:
-                print(f"{'done' if find_cached(spec) else 'todo'} {spec.name}")
-            print(estimate_cost(specs))
+            print_dry_run(plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
+                                    lr_mode=args.lr, data_dirs=data_dirs))
             return 0
         setup_logging()
         run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
