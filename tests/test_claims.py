@@ -306,11 +306,68 @@ def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch
     assert executed == [] and not (tmp_path / "store").exists()
     # the dry run says so beside the runs it lists
     cl.print_dry_run(cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path / "store",
-                                  extra={"model-source": str(missing)}))
+                                  extra={"model-source": str(missing)}), store=tmp_path / "store")
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 8 and all(line.startswith("todo t-smoke__") for line in out[:6])
     assert out[7] == ("missing backbone checkpoints (the campaign would stop on them): "
                       f"{missing}: no such checkpoint")
+
+
+def test_rerun_older_runs_again_only_the_records_of_changed_code(tmp_path, monkeypatch, capsys,
+                                                                   smoke_claim):
+    store, executed = tmp_path / "store", []
+
+    def fake_execute(spec, results, store, commit, fingerprint, rerun_older):
+        executed.append((spec.arm, spec.seed, rerun_older))
+        record = {"hash": spec.hash, "setting": spec.setting, "arm": spec.arm, "seed": spec.seed,
+                  "fingerprint": fingerprint, "final": 0.5, "seconds": 1.0,
+                  "rejected-replies": 0}
+        (store / "runs" / "smoke").mkdir(parents=True, exist_ok=True)
+        (store / "runs" / "smoke" / f"{spec.name}.json").write_text(json.dumps(record))
+        return record
+
+    monkeypatch.setattr(cl, "execute", fake_execute)
+    monkeypatch.setattr(cl, "check_checkpoints", lambda specs: None)
+    now = cl.code_fingerprints()
+    monkeypatch.setattr(cl, "code_fingerprints", lambda: now)
+
+    def campaign(**kw):
+        executed.clear()
+        cl.run_claims([smoke_claim.id], "smoke", None, store, tmp_path, log=lambda t: None, **kw)
+        return sorted(executed)
+
+    assert len(campaign()) == 6  # all-large, all-small, fedra on seeds 0 and 1
+    now = now | {"fedra": "a-fix-to-fedra"}  # FedRA's code changed, the gate arms' did not
+    assert campaign() == []  # by hash: every record is kept
+    cl.print_dry_run(cl.plan_runs([smoke_claim.id], "smoke", store=store), store=store)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(line.split("__")[0] for line in out if line.startswith("older")) == [
+        "older t-smoke"] * 2 and sum(line.startswith("done") for line in out) == 4
+    assert out[-1].endswith("; 2 done by older code, which `--rerun-older` runs again")
+    assert campaign(rerun_older=True) == [("fedra", 0, True), ("fedra", 1, True)]
+    assert campaign(rerun_older=True) == []  # the new records carry the code now
+
+
+def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, monkeypatch,
+                                                                    smoke_claim):
+    from fedtune_app.apps import inprocess
+
+    spec = cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path)[0]
+    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    stored = {"hash": spec.hash, "arm": spec.arm, "fingerprint": "older"}
+    (tmp_path / "runs" / "smoke" / f"{spec.name}.json").write_text(json.dumps(stored))
+
+    class Ran(Exception):
+        pass
+
+    def run_inprocess(keys):
+        raise Ran
+
+    monkeypatch.setattr(inprocess, "run_inprocess", run_inprocess)
+    assert cl.execute(spec, tmp_path, tmp_path, "c", "now") == stored | {"reused": True}
+    assert cl.execute(spec, tmp_path, tmp_path, "c", "older", True) == stored | {"reused": True}
+    with pytest.raises(Ran):
+        cl.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
 
 
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
@@ -506,7 +563,9 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     older = json.loads(path.read_text()) | {"fingerprint": "0123456789ab", "commit": "abc1234"}
     path.write_text(json.dumps(older))
     cl.write_report(("smoke",), report, store, readme=None)
-    assert f"commit `abc1234`, fingerprint `0123456789ab`: `{path.name}`" in report.read_text()
+    text = report.read_text()
+    assert f"commit `abc1234`, fingerprint `0123456789ab`: `{path.name}`" in text
+    assert "`fedtune claims run --tier smoke --rerun-older` runs them again" in text
     assert (store / "smoke-t-smoke.png").stat().st_size > 1000
 
 

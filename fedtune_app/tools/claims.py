@@ -158,6 +158,21 @@ def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
     return json.loads(hits[0].read_text()) if hits else None
 
 
+def made_by_older_code(record: dict, fingerprints: dict[str, str]) -> bool:
+    """Whether a record's fingerprint differs from its method's now (or it has none)."""
+    return record.get("fingerprint") != fingerprints[record_method(record)]
+
+
+def reusable(spec: RunSpec, store: Path = STORE, rerun_older: dict | None = None) -> dict | None:
+    """The stored record of ``spec`` a campaign keeps; with ``rerun_older`` (method ->
+    fingerprint now), not one made by older code: that run is done again."""
+    record = find_cached(spec, store)
+    if record is not None and rerun_older is not None and made_by_older_code(record,
+                                                                               rerun_older):
+        return None
+    return record
+
+
 def run_cost(record: dict) -> float:
     """One core's seconds of a run: its CPU seconds, else (older records) its wall seconds."""
     return record.get("cpu-seconds", record["seconds"])
@@ -183,9 +198,10 @@ def cost_to_do(todo: list[RunSpec], store: Path = STORE) -> tuple[float, int]:
     return known, unknown
 
 
-def estimate_cost(specs: list[RunSpec], store: Path = STORE) -> str:
+def estimate_cost(specs: list[RunSpec], store: Path = STORE,
+                  rerun_older: dict | None = None) -> str:
     """What the runs still to do cost, from the stored records of the same arm."""
-    todo = [s for s in specs if find_cached(s, store) is None]
+    todo = [s for s in specs if reusable(s, store, rerun_older) is None]
     known, unknown = cost_to_do(todo, store)
     text = (f"{len(todo)} of {len(specs)} runs to do: about {known / 3600:.1f} core-hours at "
             "the stored seconds of the same arm")
@@ -370,12 +386,12 @@ def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
 
 def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STORE,
                 results: Path = RESULTS, log=print, arms: list[str] | None = None,
-                jobs: int = 1) -> dict:
-    """Run the tuning runs still missing (``jobs`` at a time); write
-    ``tuning/<tier>-rates.json`` (each arm's rate and validation means) and return the
-    choices."""
+                jobs: int = 1, rerun_older: bool = False) -> dict:
+    """Run the tuning runs still missing (``jobs`` at a time; ``rerun_older``: and those made
+    by older code); write ``tuning/<tier>-rates.json`` (each arm's rate and validation means)
+    and return the choices."""
     specs = plan_tuning(patterns, tier, arms)
-    _run_specs(specs, store, results, log, "tuning", jobs)
+    _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
     choices = tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
     from fedtune_app.apps.results import write_json
 
@@ -440,15 +456,18 @@ def _by_group(correct: dict) -> dict:
 
 
 def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
-            commit: str | None = None, fingerprint: str | None = None) -> dict:
+            commit: str | None = None, fingerprint: str | None = None,
+            rerun_older: bool = False) -> dict:
     """Run one (setting, arm, seed) in this process and store its record; ``commit`` and
     ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs). A run
-    another campaign stored since this one planned is not run again: its record comes back,
-    marked ``reused``."""
+    another campaign stored since this one planned is not run again (with ``rerun_older``: one
+    stored by this code): its record comes back, marked ``reused``."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
 
-    if (stored := find_cached(spec, store)) is not None:
+    method = spec.keys["method"]
+    fingerprint = fingerprint or code_fingerprint(method)
+    if (stored := reusable(spec, store, {method: fingerprint} if rerun_older else None)):
         return stored | {"reused": True}
     commit = commit or git_commit()
     started, cpu_started = time.time(), time.process_time()
@@ -514,34 +533,42 @@ def check_checkpoints(specs: list[RunSpec]) -> None:
                           "missing: " + "; ".join(missing) + ". Nothing was run.")
 
 
-def print_dry_run(specs: list[RunSpec]) -> None:
-    """What a campaign would do: each run done or to do, the core-hours left, and the
-    checkpoints it would stop on."""
-    todo = []
+def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path = STORE) -> None:
+    """What a campaign would do: each run done, done by older code ('older': run again with
+    ``rerun_older``) or to do; the core-hours left, and the checkpoints it would stop on."""
+    fingerprints = code_fingerprints()
+    todo, older = [], 0
     for spec in specs:
-        done = find_cached(spec) is not None
-        todo += [] if done else [spec]
-        print(f"{'done' if done else 'todo'} {spec.name}")
-    print(estimate_cost(specs))
+        record = find_cached(spec, store)
+        state = ("todo" if record is None else
+                 "older" if made_by_older_code(record, fingerprints) else "done")
+        todo += [spec] if state == "todo" or (state == "older" and rerun_older) else []
+        older += state == "older"
+        print(f"{state} {spec.name}")
+    print(estimate_cost(specs, store, fingerprints if rerun_older else None)
+          + (f"; {older} done by older code, which `--rerun-older` runs again"
+             if older and not rerun_older else ""))
     if missing := missing_checkpoints(todo):
         print("missing backbone checkpoints (the campaign would stop on them): "
               + "; ".join(missing))
 
 
 def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
-               jobs: int = 1) -> list[dict]:
-    """Run the specs not yet in ``store``; ``jobs`` > 1: that many at once, each in its own
+               jobs: int = 1, rerun_older: bool = False) -> list[dict]:
+    """Run the specs not yet in ``store`` (``rerun_older``: and those stored by older code, whose
+    new records replace the old); ``jobs`` > 1: that many at once, each in its own
     process on one torch thread (every run is seeded on its own, so its record does not depend
     on which process ran it). A failed run stops the campaign after the runs under way; every
     finished run is stored as it ends."""
     from fedtune_app.apps.inprocess import progress
 
-    done = {s.hash: find_cached(s, store) for s in specs}
+    commit, fingerprints = git_commit(), code_fingerprints()
+    done = {s.hash: reusable(s, store, fingerprints if rerun_older else None) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     check_checkpoints(todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
-        f"{len(todo)} to run" + (f", {jobs} at a time" if jobs > 1 and todo else ""))
-    commit, fingerprints = git_commit(), code_fingerprints()
+        f"{len(todo)} to run" + (" (those made by older code included)" if rerun_older else "")
+        + (f", {jobs} at a time" if jobs > 1 and todo else ""))
 
     def finished(i: int, spec: RunSpec, record: dict) -> None:
         reused = record.pop("reused", False)
@@ -559,7 +586,8 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
         with worker_pool(jobs, ("fedtune_app.apps.inprocess", "fedtune_app.methods",
                                 *LAZY_IMPORTS)) as pool:
             running = {pool.submit(execute, spec, results, store, commit,
-                                   fingerprints[spec.keys["method"]]): spec for spec in todo}
+                                   fingerprints[spec.keys["method"]], rerun_older): spec
+                       for spec in todo}
             try:
                 for i, future in enumerate(as_completed(running), 1):
                     finished(i, running[future], future.result())
@@ -570,7 +598,7 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
         with progress([s.keys for s in todo], what):
             for i, spec in enumerate(todo, 1):
                 finished(i, spec, execute(spec, results, store, commit,
-                                          fingerprints[spec.keys["method"]]))
+                                          fingerprints[spec.keys["method"]], rerun_older))
     return [done[s.hash] for s in specs]
 
 
@@ -578,13 +606,13 @@ def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = 
                store: Path = STORE, results: Path = RESULTS, log=print,
                extra: dict | None = None, arms: list[str] | None = None,
                lr_mode: str = "tuned", data_dirs: dict | None = None,
-               jobs: int = 1) -> list[dict]:
-    """Run whatever the claims still need (finished runs are found by hash and skipped), one
-    progress bar with an ETA over every round of the runs left (``jobs`` > 1: a line per
-    finished run); the records of all runs. ``extra``: keys for every run, e.g.
-    {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
+               jobs: int = 1, rerun_older: bool = False) -> list[dict]:
+    """Run whatever the claims still need (finished runs are found by hash and skipped;
+    ``rerun_older``: not those made by older code), one progress bar with an ETA over every
+    round of the runs left (``jobs`` > 1: a line per finished run); the records of all runs.
+    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
     specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs)
-    return _run_specs(specs, store, results, log, "claims", jobs)
+    return _run_specs(specs, store, results, log, "claims", jobs, rerun_older)
 
 
 # ---------------------------------------------------------------- records and evaluation
@@ -1260,7 +1288,7 @@ def older_code_section(tier: str, records: dict) -> list[str]:
     method's (``fingerprint``) or is absent."""
     current = code_fingerprints()
     used = {r["hash"]: r for r in records.values()}
-    old = sorted((r for r in used.values() if r.get("fingerprint") != current[record_method(r)]),
+    old = sorted((r for r in used.values() if made_by_older_code(r, current)),
                  key=lambda r: (r.get("commit", ""), r.get("file", "")))
     methods = sorted({record_method(r) for r in used.values()})
     now = ", ".join(f"{m} `{current[m]}`" for m in methods)
@@ -1272,8 +1300,10 @@ def older_code_section(tier: str, records: dict) -> list[str]:
         by_commit.setdefault((r.get("commit", "?"), r.get("fingerprint", "none")), []).append(r)
     lines = [f"{len(old)} of the {len(used)} records of tier `{tier}` were made by older code "
              "than this checkout's (a record's fingerprint against its method's now: the "
-             "package's sources but its tools and the other methods' modules; " + now + "); by "
-             "the commit and fingerprint they record:", "", "<details><summary>the "
+             "package's sources but its tools and the other methods' modules; " + now + "). "
+             f"`fedtune claims run --tier {tier} --rerun-older` runs them again (`--dry-run` "
+             "first: what it costs). By the commit and fingerprint they record:", "",
+             "<details><summary>the "
              "records</summary>", ""]
     for (commit, fp), rs in by_commit.items():
         lines.append(f"- commit `{commit}`, fingerprint `{fp}`: "
@@ -1496,6 +1526,10 @@ def main(argv=None) -> int:
         p.add_argument("--dry-run", action="store_true",
                        help="list the runs and estimate what the ones to do cost; run nothing")
         p.add_argument("--no-report", action="store_true", help="do not regenerate the report")
+        p.add_argument("--rerun-older", action="store_true",
+                       help="run again the runs whose record was made by older code (its "
+                       "fingerprint differs from its method's now; the report names them): the "
+                       "new record replaces the old")
         p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                        help="runs at once, each in its own process on one torch thread (e.g. "
                        "the machine's cores; default 1: one process, torch's own threads)")
@@ -1529,10 +1563,11 @@ def main(argv=None) -> int:
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "tune":
         if args.dry_run:
-            print_dry_run(plan_tuning(args.ids, args.tier, arms))
+            print_dry_run(plan_tuning(args.ids, args.tier, arms), args.rerun_older)
             return 0
         setup_logging()
-        choices = tune_claims(args.ids, args.tier, log=log, arms=arms, jobs=args.jobs)
+        choices = tune_claims(args.ids, args.tier, log=log, arms=arms, jobs=args.jobs,
+                              rerun_older=args.rerun_older)
         for (st, arm), ch in choices.items():
             print(f"{st:32s} {arm:18s} lr {'-' if ch.lr is None else f'{ch.lr:g}'}")
     else:
@@ -1542,11 +1577,12 @@ def main(argv=None) -> int:
         data_dirs = parse_data_dirs(args.data_dir)
         if args.dry_run:
             print_dry_run(plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
-                                    lr_mode=args.lr, data_dirs=data_dirs))
+                                    lr_mode=args.lr, data_dirs=data_dirs), args.rerun_older)
             return 0
         setup_logging()
         run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
-                   lr_mode=args.lr, data_dirs=data_dirs, jobs=args.jobs)
+                   lr_mode=args.lr, data_dirs=data_dirs, jobs=args.jobs,
+                   rerun_older=args.rerun_older)
     if not args.no_report:
         print(write_report())
     return 0
