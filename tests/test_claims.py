@@ -353,9 +353,15 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
     from fedtune_app.apps import inprocess
 
     spec = cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path)[0]
-    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    folder = tmp_path / "runs" / "smoke"
+    folder.mkdir(parents=True)
+    # a run settings share, stored under another setting's name (and, by two campaigns that
+    # started it at once, under a third's)
+    first, twin = (folder / f"{name}__{spec.arm}__seed0__{spec.hash}.json"
+                   for name in ("a-setting", "z-setting"))
     stored = {"hash": spec.hash, "arm": spec.arm, "fingerprint": "older"}
-    (tmp_path / "runs" / "smoke" / f"{spec.name}.json").write_text(json.dumps(stored))
+    first.write_text(json.dumps(stored))
+    twin.write_text(json.dumps(stored | {"fingerprint": "older still"}))
 
     class Ran(Exception):
         pass
@@ -368,6 +374,15 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
     assert cl.execute(spec, tmp_path, tmp_path, "c", "older", True) == stored | {"reused": True}
     with pytest.raises(Ran):
         cl.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
+
+    # the new record takes the first one's place and the twin goes: every reader sees it
+    monkeypatch.setattr(inprocess, "run_inprocess", lambda keys: str(tmp_path / "out"))
+    monkeypatch.setattr(cl, "summarize_run", lambda spec, folder, *a: {
+        "hash": spec.hash, "arm": spec.arm, "fingerprint": "now"})
+    cl.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
+    assert sorted(folder.iterdir()) == [first]
+    assert cl.find_cached(spec, tmp_path)["fingerprint"] == "now"
+    assert cl._records_by_hash(folder)[spec.hash]["fingerprint"] == "now"
 
 
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):

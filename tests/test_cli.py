@@ -83,6 +83,11 @@ def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path,
     from fedtune_app.tools import pretrain
 
     monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that never pretrained
+
+    def no_flower(*args, **kwargs):
+        raise AssertionError("`flwr run` started")
+
+    monkeypatch.setattr("subprocess.Popen", no_flower)
     stand_in = tmp_path / "vit12-s-fmnist-mnist16.safetensors"
     assert main(["run", "--results", str(tmp_path / "results"), "--run-config",
                  f'preset="mini" model-source="{stand_in}"']) == 2
@@ -92,8 +97,8 @@ def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path,
         "--threads 1`)\n")
 
 
-def test_missing_checkpoints_reads_every_group_once_and_trusts_a_checkpoint_url(tmp_path,
-                                                                               monkeypatch):
+def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_source(
+        tmp_path, monkeypatch):
     from fedtune_app.methods import resolve_config
     from fedtune_app.tools import pretrain
     from fedtune_app.tools.claims import run_config
@@ -106,5 +111,11 @@ def test_missing_checkpoints_reads_every_group_once_and_trusts_a_checkpoint_url(
     assert pretrain.missing_checkpoints(resolve_config(keys)) == [
         f"{tiny}: no such checkpoint (make it with `python -m fedtune_app.tools.pretrain "
         "--family vit12-t --no-probe --threads 1`)"]
+    # a checkpoint-url stands for 'model-source', not for the groups' own files
     fetched = keys | {"checkpoint-url": "https://example.org/vit12-t.safetensors"}
-    assert pretrain.missing_checkpoints(resolve_config(fetched)) == []
+    assert pretrain.missing_checkpoints(resolve_config(fetched)) == \
+        pretrain.missing_checkpoints(resolve_config(keys))
+    single = run_config("mini", "fedra-uneven", "fedra", 0) | {"model-source": str(tiny)}
+    assert len(pretrain.missing_checkpoints(resolve_config(single))) == 1
+    assert pretrain.missing_checkpoints(resolve_config(single | {
+        "checkpoint-url": "https://example.org/vit12-t.safetensors"})) == []

@@ -153,22 +153,29 @@ def config_hash(keys: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def stored_paths(spec: RunSpec, store: Path = STORE) -> list[Path]:
+    """The files holding ``spec``'s record, in name order: a run that settings share (AllLarge)
+    is stored once, under the name of the setting that ran it first (two campaigns that started
+    it at once may each have stored it; the first in name order is read)."""
+    return sorted((store / spec.folder / spec.tier).glob(f"*__{spec.hash}.json"))
+
+
 def find_cached(spec: RunSpec, store: Path = STORE) -> dict | None:
-    hits = sorted((store / spec.folder / spec.tier).glob(f"*__{spec.hash}.json"))
+    hits = stored_paths(spec, store)
     return json.loads(hits[0].read_text()) if hits else None
 
 
-def made_by_older_code(record: dict, fingerprints: dict[str, str]) -> bool:
-    """Whether a record's fingerprint differs from its method's now (or it has none)."""
-    return record.get("fingerprint") != fingerprints[record_method(record)]
+def made_by_older_code(record: dict, fingerprint_now: str) -> bool:
+    """Whether a record's code fingerprint differs from its method's now (or it has none)."""
+    return record.get("fingerprint") != fingerprint_now
 
 
 def reusable(spec: RunSpec, store: Path = STORE, rerun_older: dict | None = None) -> dict | None:
     """The stored record of ``spec`` a campaign keeps; with ``rerun_older`` (method ->
     fingerprint now), not one made by older code: that run is done again."""
     record = find_cached(spec, store)
-    if record is not None and rerun_older is not None and made_by_older_code(record,
-                                                                               rerun_older):
+    if record is not None and rerun_older is not None and made_by_older_code(
+            record, rerun_older[spec.keys["method"]]):
         return None
     return record
 
@@ -477,9 +484,14 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
                            time.process_time() - cpu_started)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
                                    else folder)
-    out = store / spec.folder / spec.tier
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"{spec.name}.json", record)
+    # a record run again (older code) replaces the one stored, under that one's name (a run
+    # settings share keeps the name it has): every reader finds the new one
+    old = stored_paths(spec, store)
+    path = old[0] if old else store / spec.folder / spec.tier / f"{spec.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+    for duplicate in old[1:]:
+        duplicate.unlink()
     return record
 
 
@@ -540,8 +552,8 @@ def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path =
     todo, older = [], 0
     for spec in specs:
         record = find_cached(spec, store)
-        state = ("todo" if record is None else
-                 "older" if made_by_older_code(record, fingerprints) else "done")
+        state = ("todo" if record is None else "older" if made_by_older_code(
+            record, fingerprints[spec.keys["method"]]) else "done")
         todo += [spec] if state == "todo" or (state == "older" and rerun_older) else []
         older += state == "older"
         print(f"{state} {spec.name}")
@@ -566,8 +578,9 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
     done = {s.hash: reusable(s, store, fingerprints if rerun_older else None) for s in specs}
     todo = [s for s in specs if done[s.hash] is None]
     check_checkpoints(todo)
+    older = sum(find_cached(s, store) is not None for s in todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
-        f"{len(todo)} to run" + (" (those made by older code included)" if rerun_older else "")
+        f"{len(todo)} to run" + (f" ({older} of them made by older code)" if older else "")
         + (f", {jobs} at a time" if jobs > 1 and todo else ""))
 
     def finished(i: int, spec: RunSpec, record: dict) -> None:
@@ -622,7 +635,7 @@ def _records_by_hash(folder: Path) -> dict[str, dict]:
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
         record["file"] = path.name
-        out[record["hash"]] = record
+        out.setdefault(record["hash"], record)  # the first in name order, as ``find_cached``
     return out
 
 
@@ -1288,7 +1301,7 @@ def older_code_section(tier: str, records: dict) -> list[str]:
     method's (``fingerprint``) or is absent."""
     current = code_fingerprints()
     used = {r["hash"]: r for r in records.values()}
-    old = sorted((r for r in used.values() if made_by_older_code(r, current)),
+    old = sorted((r for r in used.values() if made_by_older_code(r, current[record_method(r)])),
                  key=lambda r: (r.get("commit", ""), r.get("file", "")))
     methods = sorted({record_method(r) for r in used.values()})
     now = ", ".join(f"{m} `{current[m]}`" for m in methods)

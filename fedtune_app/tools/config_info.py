@@ -26,7 +26,8 @@ from fedtune_app.model.backbones import ModelSpec
 
 def resolved(run_config: str) -> RunConfig:
     """The config a `flwr run . --run-config RUN_CONFIG` of this app resolves to."""
-    given = parse_config_args([run_config]) if run_config.strip() else {}
+    run_config = run_config.strip()
+    given = parse_config_args([run_config]) if run_config else {}
     return resolve_config({**app_defaults(), **given})
 
 

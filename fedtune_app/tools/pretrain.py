@@ -82,12 +82,12 @@ def default_checkpoint(family: str) -> Path:
 def missing_checkpoints(cfg) -> list[str]:
     """The local checkpoint files a run of ``cfg`` (a resolved ``RunConfig``) would stop on
     before its first round, each with the command that makes it where it is a family's file of
-    this tool (the offline presets' stand-ins). None when the run fetches its checkpoint
-    ('checkpoint-url')."""
+    this tool (the offline presets' stand-ins). 'model-source' is not one when the run fetches
+    it ('checkpoint-url'); model groups' own 'model-group-sources' still are."""
     from fedtune_app.config import parse_groups
 
-    if cfg.model.checkpoint_url:
-        return []
+    if cfg.model.checkpoint_url:  # fetched into 'model-source' by every node
+        cfg = cfg.replace(**{"model-source": "pretrained"})
     sources = [g["model-source"] for g in parse_groups(cfg.model)] or [cfg.model.model_source]
     made_here = {default_checkpoint(f).expanduser(): f for f in MODELS}
     missing = []
