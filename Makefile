@@ -23,7 +23,7 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: setup assets run test mutate notebooks bench clean stop
 
-# pip (not uv): pip takes the local torch/torchvision wheels of STACK.md.
+# pip (not uv): pip takes the machine's local torch/torchvision wheels.
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
