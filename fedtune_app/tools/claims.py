@@ -527,7 +527,7 @@ def worker_pool(jobs: int, preload: tuple[str, ...] = ()):
     return ProcessPoolExecutor(jobs, context, initializer=_start_worker)
 
 
-def missing_checkpoints(specs: list[RunSpec]) -> list[str]:
+def missing_checkpoints_of_runs(specs: list[RunSpec]) -> list[str]:
     """The backbone checkpoints these runs need that this machine lacks (the stand-ins are made
     offline and kept out of git), each with the command that makes it."""
     from fedtune_app.methods import resolve_config
@@ -540,7 +540,7 @@ def missing_checkpoints(specs: list[RunSpec]) -> list[str]:
 
 def check_checkpoints(specs: list[RunSpec]) -> None:
     """Refuse a campaign whose runs would stop on a missing checkpoint, before any starts."""
-    if missing := missing_checkpoints(specs):
+    if missing := missing_checkpoints_of_runs(specs):
         raise ConfigError(f"claims: {len(specs)} runs to do, and their backbone checkpoints are "
                           "missing: " + "; ".join(missing) + ". Nothing was run.")
 
@@ -560,7 +560,7 @@ def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path =
     print(estimate_cost(specs, store, fingerprints if rerun_older else None)
           + (f"; {older} done by older code, which `--rerun-older` runs again"
              if older and not rerun_older else ""))
-    if missing := missing_checkpoints(todo):
+    if missing := missing_checkpoints_of_runs(todo):
         print("missing backbone checkpoints (the campaign would stop on them): "
               + "; ".join(missing))
 
