@@ -170,14 +170,12 @@ def made_by_older_code(record: dict, fingerprint_now: str) -> bool:
     return record.get("fingerprint") != fingerprint_now
 
 
-def reusable(spec: RunSpec, store: Path = STORE, rerun_older: dict | None = None) -> dict | None:
-    """The stored record of ``spec`` a campaign keeps; with ``rerun_older`` (method ->
-    fingerprint now), not one made by older code: that run is done again."""
-    record = find_cached(spec, store)
-    if record is not None and rerun_older is not None and made_by_older_code(
-            record, rerun_older[spec.keys["method"]]):
-        return None
-    return record
+def run_state(spec: RunSpec, record: dict | None, fingerprints: dict[str, str]) -> str:
+    """'todo' (no stored record), 'older' (stored by older code: ``--rerun-older`` runs it
+    again) or 'done'; ``fingerprints``: method -> its fingerprint now."""
+    if record is None:
+        return "todo"
+    return "older" if made_by_older_code(record, fingerprints[spec.keys["method"]]) else "done"
 
 
 def run_cost(record: dict) -> float:
@@ -206,9 +204,10 @@ def cost_to_do(todo: list[RunSpec], store: Path = STORE) -> tuple[float, int]:
 
 
 def estimate_cost(specs: list[RunSpec], store: Path = STORE,
-                  rerun_older: dict | None = None) -> str:
-    """What the runs still to do cost, from the stored records of the same arm."""
-    todo = [s for s in specs if reusable(s, store, rerun_older) is None]
+                  todo: list[RunSpec] | None = None) -> str:
+    """What the runs still to do (``todo``; default: those with no stored record) cost, from the
+    stored records of the same arm."""
+    todo = [s for s in specs if find_cached(s, store) is None] if todo is None else todo
     known, unknown = cost_to_do(todo, store)
     text = (f"{len(todo)} of {len(specs)} runs to do: about {known / 3600:.1f} core-hours at "
             "the stored seconds of the same arm")
@@ -474,7 +473,9 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
 
     method = spec.keys["method"]
     fingerprint = fingerprint or code_fingerprint(method)
-    if (stored := reusable(spec, store, {method: fingerprint} if rerun_older else None)):
+    stored = find_cached(spec, store)
+    if stored is not None and not (rerun_older and run_state(spec, stored, {method: fingerprint})
+                                   == "older"):
         return stored | {"reused": True}
     commit = commit or git_commit()
     started, cpu_started = time.time(), time.process_time()
@@ -551,13 +552,11 @@ def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path =
     fingerprints = code_fingerprints()
     todo, older = [], 0
     for spec in specs:
-        record = find_cached(spec, store)
-        state = ("todo" if record is None else "older" if made_by_older_code(
-            record, fingerprints[spec.keys["method"]]) else "done")
+        state = run_state(spec, find_cached(spec, store), fingerprints)
         todo += [spec] if state == "todo" or (state == "older" and rerun_older) else []
         older += state == "older"
         print(f"{state} {spec.name}")
-    print(estimate_cost(specs, store, fingerprints if rerun_older else None)
+    print(estimate_cost(specs, store, todo)
           + (f"; {older} done by older code, which `--rerun-older` runs again"
              if older and not rerun_older else ""))
     if missing := missing_checkpoints_of_runs(todo):
@@ -575,10 +574,11 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
     from fedtune_app.apps.inprocess import progress
 
     commit, fingerprints = git_commit(), code_fingerprints()
-    done = {s.hash: reusable(s, store, fingerprints if rerun_older else None) for s in specs}
-    todo = [s for s in specs if done[s.hash] is None]
+    done = {s.hash: find_cached(s, store) for s in specs}
+    state = {s.hash: run_state(s, done[s.hash], fingerprints) for s in specs}
+    todo = [s for s in specs if state[s.hash] == "todo" or rerun_older and state[s.hash] == "older"]
     check_checkpoints(todo)
-    older = sum(find_cached(s, store) is not None for s in todo)
+    older = sum(state[s.hash] == "older" for s in todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
         f"{len(todo)} to run" + (f" ({older} of them made by older code)" if older else "")
         + (f", {jobs} at a time" if jobs > 1 and todo else ""))
