@@ -85,7 +85,7 @@ def main() -> None:
         print("RESULT " + json.dumps(measure_one(json.loads(args.one))), flush=True)
         return
 
-    from fedtune_app.tools.claims import plan_runs
+    from fedtune_app.claims.planning import plan_runs
 
     arms = [a for a in args.arms.split(",") if a]
     specs = plan_runs(args.claims, args.tier, args.seeds, arms=arms or None)

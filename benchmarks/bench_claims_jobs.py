@@ -23,7 +23,7 @@ from common import save, table
 
 def campaign(claims: list[str], tier: str, seeds: int, rounds: int, jobs: int,
              folder: Path) -> tuple[float, list[dict]]:
-    from fedtune_app.tools.claims import run_claims
+    from fedtune_app.claims.execution import run_claims
 
     started = time.perf_counter()
     records = run_claims(claims, tier, seeds, folder / "runs", folder / "results", log=print,

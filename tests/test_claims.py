@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from fedtune_app.claims import claim_text, cli, execution, planning, verdicts
+from fedtune_app.claims import registry as reg
+from fedtune_app.claims import report as reporting
+from fedtune_app.claims import stats as cs
+from fedtune_app.claims import store as run_store
+from fedtune_app.claims.registry import CLAIMS, SETTINGS, Claim, Setting, tiers_of
 from fedtune_app.config import ConfigError
-from fedtune_app.tools import claims as cl
-from fedtune_app.tools import claims_registry as reg
-from fedtune_app.tools import claims_stats as cs
-from fedtune_app.tools.claims_registry import CLAIMS, SETTINGS, Claim, Setting, tiers_of
 
 T975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
 T80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
@@ -63,7 +65,7 @@ def hand_tier(monkeypatch):
     b = Claim("t-b", "FedRA", "Table 1", "FedRA beats AllSmall",
               ((1.0, "t-hand", "fedra"), (-1.0, "t-hand", "all-small")), "greater", 0.0,
               "", 2.0)
-    monkeypatch.setattr(cl, "CLAIMS", {"t-a": a, "t-b": b})
+    monkeypatch.setattr(reg, "CLAIMS", {"t-a": a, "t-b": b})
     records = {}
     for s in range(3):
         records["t-hand", "fedra", s] = _flat(80.0 + s)
@@ -74,7 +76,7 @@ def hand_tier(monkeypatch):
 
 
 def _rows(records):
-    return {r["claim"].id: r for r in cl.evaluate("t", records=records)}
+    return {r["claim"].id: r for r in verdicts.evaluate("t", records=records)}
 
 
 def test_verdicts_with_holm_over_the_tier(hand_tier):
@@ -90,7 +92,7 @@ def test_verdicts_with_holm_over_the_tier(hand_tier):
     assert (a.verdict, b.verdict) == (cs.REPRODUCED, cs.INCONCLUSIVE)
     # the paper's +9.0 inside ours (9 ± 2.48): consistent; the gap AllLarge - AllSmall is
     # 11, 12, 13 (mean 12): ours 9 / 12 = +0.75
-    assert cl.effect_text(rows["t-a"]) == (cs.CONSISTENT, "+0.75 (paper n/a)")
+    assert claim_text.effect_text(rows["t-a"]) == (cs.CONSISTENT, "+0.75 (paper n/a)")
     # detectable with s = 1 over 3 seeds: 3.26 (the noncentral t; test_claims_stats checks it)
     assert rows["t-a"]["gaps"]["t-hand"][1] is True  # 12 - 2.48 = 9.52 > 3.26
 
@@ -102,28 +104,28 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     # InclusiveFL (70, 72, 74) ends below AllSmall (79, 78, 77): the flag follows the verdict
     text = ("9.00 ± 2.48 (95%): **reproduced**; driven by a collapsing baseline "
             "(inclusivefl: below AllSmall)")
-    assert cl.beside_text(rows["t-a"]) == text
-    table = cl.verdict_rows(list(rows.values()), {"t-a": rows["t-a"]})
+    assert claim_text.beside_text(rows["t-a"]) == text
+    table = claim_text.verdict_rows(list(rows.values()), {"t-a": rows["t-a"]})
     assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict |")
     assert table[2].endswith(f"| {text} |")
     assert table[3].endswith("| - |")  # a claim with nothing at 0.01
     # the claim's section: each arm at 0.01 (FedRA 80, 81, 82: 81 ± 2.48; InclusiveFL 70, 72,
     # 74: s 2, 72 ± 4.97), then the same difference and verdict, and the command
-    assert cl.claim_section(rows["t-a"], "t", {}, rows["t-a"])[-2] == (
+    assert claim_text.claim_section(rows["t-a"], "t", {}, rows["t-a"])[-2] == (
         "- At the papers' 0.01 for every arm (3 of 3 seeds; `fedtune claims run t-a --tier t "
         f"--lr paper`): fedra 81.00 ± 2.48; inclusivefl 72.00 ± 4.97; difference {text}.")
     records = dict(hand_tier)
     for seed in range(3):  # no InclusiveFL run at all
         del records["t-hand", "inclusivefl", seed]
     missing = _rows(records)["t-a"]
-    assert cl.beside_text(missing) == f"**{cs.NOT_RUN}**"  # no difference yet
-    assert cl.paper_rate_text(missing) == (
+    assert claim_text.beside_text(missing) == f"**{cs.NOT_RUN}**"  # no difference yet
+    assert claim_text.paper_rate_text(missing) == (
         "- At the papers' 0.01: no records yet (`fedtune claims run t-a --tier t --lr paper`).")
 
 
 def test_tier_summary_counts_verdicts_and_the_median_detectable(hand_tier):
-    rows = cl.evaluate("t", records=hand_tier)
-    text = cl.tier_summary(rows, hand_tier)[0]
+    rows = verdicts.evaluate("t", records=hand_tier)
+    text = reporting.tier_summary(rows, hand_tier)[0]
     assert text.startswith("Campaign: 1 inconclusive, 1 reproduced. ")
     # detectable scales with the std: t-a (s = 1) d, t-b (s = 2) 2d; their median 1.5 d
     d = cs.detectable(1.0, 3, "greater")
@@ -138,7 +140,7 @@ def test_tier_summary_counts_the_runs_and_names_the_arms_over_the_time_target(ha
     for seed, (fedra, inclusivefl) in enumerate([(130, 150), (125, 140), (100, 160)]):
         hand_tier["t-hand", "fedra", seed]["cpu-seconds"] = fedra  # mean 118.3: within
         hand_tier["t-hand", "inclusivefl", seed]["cpu-seconds"] = inclusivefl  # mean 150
-    text = cl.tier_summary(cl.evaluate("t", records=hand_tier), hand_tier)[0]
+    text = reporting.tier_summary(verdicts.evaluate("t", records=hand_tier), hand_tier)[0]
     assert ("Slowest arm: inclusivefl in `t-hand`, 150 s a run on average (target at most "
             "120 s on one idle core): 5 of the 12 runs over it; arms over it on average: "
             "inclusivefl in `t-hand` 150 s.") in text
@@ -162,18 +164,18 @@ def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     # Holm x 2 = 0.034584 < 0.05: the test alone says reproduced
     assert row["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(169 / 175)), rel=1e-9)
     assert row["test_alone"] == cs.REPRODUCED
-    assert "the test alone: reproduced" in cl._verdict_text(row)
+    assert "the test alone: reproduced" in claim_text.verdict_text(row)
     # read at single rounds 24-40: InclusiveFL 70, 70, 74, 78, 78 against FedRA 80 + s: the
     # differences 10 + s, 10 + s, 6 + s, 2 + s, 2 + s, each with s = 1 (± 2.48): all above 0
     assert [(r, ci.mean) for r, ci in row["by_round"]] == [
         (24, 11.0), (28, 11.0), (32, 7.0), (36, 3.0), (40, 3.0)]
-    assert "the same side at every one" in cl.by_round_text(row)
-    assert "same side at each of the last 5 evaluations" in cl._verdict_text(row)
+    assert "the same side at every one" in claim_text.by_round_text(row)
+    assert "same side at each of the last 5 evaluations" in claim_text.verdict_text(row)
     for s in range(3):  # it ends at 82: 80 + s - 82 = -2, -1, 0 at rounds 36 and 40 (-1 ± 2.48)
         records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 82, 82])
     row = _rows(records)["t-a"]
-    assert "across the boundary at some" in cl.by_round_text(row)
-    assert "same side" not in cl._verdict_text(row)
+    assert "across the boundary at some" in claim_text.by_round_text(row)
+    assert "same side" not in claim_text.verdict_text(row)
     # AllLarge within the detectable difference of AllSmall: not discriminative
     records = dict(hand_tier)
     for s in range(3):
@@ -189,16 +191,17 @@ def test_a_collapsing_arm_flags_the_verdict(hand_tier):
         records["t-hand", "inclusivefl", s] = _flat(70.0 + 2 * s, tail=[95] + [70 + 2 * s] * 5)
     row = _rows(records)["t-a"]
     assert row["verdict"].verdict == cs.REPRODUCED and "inclusivefl" in row["collapse"]
-    assert cs.COLLAPSING in cl._verdict_text(row)
+    assert cs.COLLAPSING in claim_text.verdict_text(row)
     # withheld by the gate, the test alone still names the collapsing arm
     gated = row | {"verdict": cs.Verdict(cs.NOT_CONVERGED, reason="fedra", flags=("x",)),
                    "test_alone": cs.REPRODUCED}
-    assert cl._verdict_text(gated).endswith(
+    assert claim_text.verdict_text(gated).endswith(
         f"last 5 evaluations; {cs.COLLAPSING} (inclusivefl: below AllSmall and under its own best)")
     # the flag says which part of the gate each arm tripped
     both = {"a": "final -2.00 points against AllSmall; final -6.00 points under its own best",
             "b": "final -1.00 points against AllSmall"}
-    assert cl._collapse_kinds(both) == "a: below AllSmall and under its own best, b: below AllSmall"
+    assert claim_text._collapse_kinds(both) == ("a: below AllSmall and under its own best, "
+                                                "b: below AllSmall")
 
 
 def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkeypatch):
@@ -207,14 +210,14 @@ def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkey
     monkeypatch.setitem(reg.TIER_SEEDS, "t", 3)
     row = _rows(hand_tier)["t-a"]
     assert row["below_target"] == ["t-hand"] and row["verdict"].verdict == cs.REPRODUCED
-    assert cl._verdict_text(row).endswith(f"; {cl.BELOW_TARGET}")
-    gate = next(line for line in cl.claim_section(row, "t", {}) if "Gate (2)" in line)
+    assert claim_text.verdict_text(row).endswith(f"; {verdicts.BELOW_TARGET}")
+    gate = next(line for line in claim_text.claim_section(row, "t", {}) if "Gate (2)" in line)
     assert gate.endswith("a mean of at least 15 points: **not met** in `t-hand`.")
     records = dict(hand_tier)
     for s in range(3):  # AllLarge 94: the gap 15, 16, 17 (mean 16) meets it
         records["t-hand", "all-large", s] = _flat(94.0)
     row = _rows(records)["t-a"]
-    assert row["below_target"] == [] and cl.BELOW_TARGET not in cl._verdict_text(row)
+    assert row["below_target"] == [] and verdicts.BELOW_TARGET not in claim_text.verdict_text(row)
     monkeypatch.delitem(reg.TIER_SEEDS, "t")  # a tier without the target: no flag at 12
     assert _rows(hand_tier)["t-a"]["below_target"] == []
 
@@ -225,15 +228,15 @@ def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypa
     decided at the other's adjusted p, so equal runs read the same verdict."""
     import dataclasses
 
-    twin = dataclasses.replace(cl.CLAIMS["t-a"], id="t-twin", terms=(
+    twin = dataclasses.replace(reg.CLAIMS["t-a"], id="t-twin", terms=(
         (1.0, "t-hand", "fedra"), (-1.0, "t-hand", "depthfl")), same_as="t-a",
         same_reason="hand-made")
-    monkeypatch.setitem(cl.CLAIMS, "t-twin", twin)
+    monkeypatch.setitem(reg.CLAIMS, "t-twin", twin)
     records = dict(hand_tier)
     for s in range(3):
         records["t-hand", "depthfl", s] = dict(records["t-hand", "inclusivefl", s])
     rows = _rows(records)
-    assert rows["t-twin"]["identical"] is True and "runs identical" in cl._verdict_text(
+    assert rows["t-twin"]["identical"] is True and "runs identical" in claim_text.verdict_text(
         rows["t-twin"])
     # the family is still t-a and t-b: t-a's adjusted p is twice its own, not three times,
     # and the twin (differences 10, 9, 8 as t-a's) is reproduced at that same p
@@ -249,8 +252,8 @@ def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypa
 def test_every_cpu_record_keeps_its_config_hash():
     """The label-skew tier's committed records are found again: none of their run configs
     changed (a changed key would orphan a record and rerun it)."""
-    records = cl.load_records("cpu")
-    files = {p.name for p in (cl.STORE / "runs" / "cpu").glob("*.json")}
+    records = planning.load_records("cpu")
+    files = {p.name for p in (run_store.STORE / "runs" / "cpu").glob("*.json")}
     assert files and {r["file"] for r in records.values()} == files
 
 
@@ -264,12 +267,12 @@ def test_setting_table_row_shows_each_model_group_of_a_two_group_method():
     # seeds: groups 0.6 / 0.2 and 0.7 / 0.3 -> headline 40 and 50; t(0.975, 1) = 12.706, the
     # half-width 12.706 * s / sqrt(2) with s = 10 / sqrt(2) for each column: 63.53. Flat
     # curves: the last-20% gain is 0 on both seeds (interval 0 ± 0, converged)
-    row = cl.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
+    row = claim_text.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
     assert row == ("| homo | 2 | 45.00 ± 63.53 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, "
                    "largest 25.00 ± 63.53) | - | 0.00 ± 0.00 ok | +0.00 | 0.03 | 0 | 200 |")
     # one model on every client (AllLarge): both groups' figures are its own, nothing to add;
     # a record keeping its CPU seconds shows them beside the wall seconds
-    assert cl.arm_row("all-large", [rec(0.9, 0.9, 10) | {"cpu-seconds": 8.4}]) == (
+    assert claim_text.arm_row("all-large", [rec(0.9, 0.9, 10) | {"cpu-seconds": 8.4}]) == (
         "| all-large | 1 | 90.00 (n=1) | 90.00 (n=1) | - | 0.00 (n=1) | +0.00 | 0.03 | 0 | "
         "10 (CPU 8) |")
 
@@ -284,7 +287,7 @@ SMOKE = {"preset": "smoke", "num-server-rounds": 2, "screen-updates": False,
 @pytest.fixture
 def smoke_claim(monkeypatch):
     """A tiny claim on the smoke preset (random-init 4-block Mixer on UCI digits, 3 clients)."""
-    monkeypatch.setitem(cl.DEPTH, "smoke", 4)
+    monkeypatch.setitem(run_store.DEPTH, "smoke", 4)
     monkeypatch.setitem(SETTINGS, "t-smoke", Setting("t-smoke", "smoke", {"smoke": dict(SMOKE)}))
     claim = Claim("t-smoke-claim", "FedRA", "Table 1", "FedRA beats AllSmall",
                   ((1.0, "t-smoke", "fedra"), (-1.0, "t-smoke", "all-small")), "greater", 0.0,
@@ -296,16 +299,17 @@ def smoke_claim(monkeypatch):
 def test_a_campaign_with_a_missing_checkpoint_runs_nothing(tmp_path, monkeypatch, capsys,
                                                           smoke_claim):
     executed = []
-    monkeypatch.setattr(cl, "execute", lambda spec, *a: executed.append(spec.name))
+    monkeypatch.setattr(execution, "execute", lambda spec, *a: executed.append(spec.name))
     missing = tmp_path / "none.safetensors"  # neither present nor one of pretrain's families
     with pytest.raises(ConfigError) as err:
-        cl.run_claims([smoke_claim.id], "smoke", None, tmp_path / "store", tmp_path / "results",
+        execution.run_claims([smoke_claim.id], "smoke", None, tmp_path / "store",
+                             tmp_path / "results",
                       log=lambda t: None, extra={"model-source": str(missing)})
     assert str(err.value) == (f"claims: 6 runs to do, and their backbone checkpoints are "
                               f"missing: {missing}: no such checkpoint. Nothing was run.")
     assert executed == [] and not (tmp_path / "store").exists()
     # the dry run says so beside the runs it lists
-    cl.print_dry_run(cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path / "store",
+    execution.print_dry_run(planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path / "store",
                                   extra={"model-source": str(missing)}), store=tmp_path / "store")
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 8 and all(line.startswith("todo t-smoke__") for line in out[:6])
@@ -326,20 +330,21 @@ def test_rerun_older_runs_again_only_the_records_of_changed_code(tmp_path, monke
         (store / "runs" / "smoke" / f"{spec.name}.json").write_text(json.dumps(record))
         return record
 
-    monkeypatch.setattr(cl, "execute", fake_execute)
-    monkeypatch.setattr(cl, "check_checkpoints", lambda specs: None)
-    now = cl.code_fingerprints()
-    monkeypatch.setattr(cl, "code_fingerprints", lambda: now)
+    monkeypatch.setattr(execution, "execute", fake_execute)
+    monkeypatch.setattr(execution, "check_checkpoints", lambda specs: None)
+    now = execution.code_fingerprints()
+    monkeypatch.setattr(execution, "code_fingerprints", lambda: now)
 
     def campaign(**kw):
         executed.clear()
-        cl.run_claims([smoke_claim.id], "smoke", None, store, tmp_path, log=lambda t: None, **kw)
+        execution.run_claims([smoke_claim.id], "smoke", None, store, tmp_path,
+                             log=lambda t: None, **kw)
         return sorted(executed)
 
     assert len(campaign()) == 6  # all-large, all-small, fedra on seeds 0 and 1
     now = now | {"fedra": "a-fix-to-fedra"}  # FedRA's code changed, the gate arms' did not
     assert campaign() == []  # by hash: every record is kept
-    cl.print_dry_run(cl.plan_runs([smoke_claim.id], "smoke", store=store), store=store)
+    execution.print_dry_run(planning.plan_runs([smoke_claim.id], "smoke", store=store), store=store)
     out = capsys.readouterr().out.splitlines()
     assert sorted(line.split("__")[0] for line in out if line.startswith("older")) == [
         "older t-smoke"] * 2 and sum(line.startswith("done") for line in out) == 4
@@ -352,7 +357,7 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
                                                                     smoke_claim):
     from fedtune_app.apps import inprocess
 
-    spec = cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path)[0]
+    spec = planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path)[0]
     folder = tmp_path / "runs" / "smoke"
     folder.mkdir(parents=True)
     # a run settings share, stored under another setting's name (and, by two campaigns that
@@ -370,32 +375,33 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
         raise Ran
 
     monkeypatch.setattr(inprocess, "run_inprocess", run_inprocess)
-    assert cl.execute(spec, tmp_path, tmp_path, "c", "now") == stored | {"reused": True}
-    assert cl.execute(spec, tmp_path, tmp_path, "c", "older", True) == stored | {"reused": True}
+    assert execution.execute(spec, tmp_path, tmp_path, "c", "now") == stored | {"reused": True}
+    assert execution.execute(spec, tmp_path, tmp_path, "c", "older",
+                             True) == stored | {"reused": True}
     with pytest.raises(Ran):
-        cl.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
+        execution.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
 
     # the new record takes the first one's place and the twin goes: every reader sees it
     monkeypatch.setattr(inprocess, "run_inprocess", lambda keys: str(tmp_path / "out"))
-    monkeypatch.setattr(cl, "summarize_run", lambda spec, folder, *a: {
+    monkeypatch.setattr(execution, "summarize_run", lambda spec, folder, *a: {
         "hash": spec.hash, "arm": spec.arm, "fingerprint": "now"})
-    cl.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
+    execution.execute(spec, tmp_path, tmp_path, "c", "now", rerun_older=True)
     assert sorted(folder.iterdir()) == [first]
-    assert cl.find_cached(spec, tmp_path)["fingerprint"] == "now"
-    assert cl._records_by_hash(folder)[spec.hash]["fingerprint"] == "now"
+    assert run_store.find_cached(spec, tmp_path)["fingerprint"] == "now"
+    assert run_store.records_by_hash(folder)[spec.hash]["fingerprint"] == "now"
 
 
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
     """One seed gives every method the same partitions, sampled clients and dynamic capacity
     draws, although FedRA draws its allocation from the same seed and InclusiveFL does not."""
-    monkeypatch.setitem(cl.DEPTH, "smoke", 4)
+    monkeypatch.setitem(run_store.DEPTH, "smoke", 4)
     keys = SMOKE | {"capacities": "4*4", "dynamic-capacities": True, "clients-per-round": 3,
                     "num-server-rounds": 3}
     monkeypatch.setitem(SETTINGS, "t-pair", Setting("t-pair", "smoke", {"smoke": keys}))
     from fedtune_app.apps.inprocess import run_inprocess
 
     def run(arm, seed):
-        config = cl.run_config("smoke", "t-pair", arm, seed)
+        config = run_store.run_config("smoke", "t-pair", arm, seed)
         folder = run_inprocess(config | {"results-dir": str(tmp_path)})
         clients = json.load(open(f"{folder}/config.json"))["clients"]
         rounds = json.load(open(f"{folder}/allocation.json"))
@@ -415,13 +421,15 @@ def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
 def test_a_tier_only_key_reaches_that_tier_and_that_arm_alone():
     """FedDF's distillation budget on the CPU tiers changes FedDF's runs there and nothing
     else."""
-    cpu, mini, gpu = (cl.run_config(t, "heterotune-groups", "feddf", 0, 0.01)
+    cpu, mini, gpu = (run_store.run_config(t, "heterotune-groups", "feddf", 0, 0.01)
                       for t in ("cpu", "mini", "gpu"))
     assert cpu["feddf-distillation"] == mini["feddf-distillation"] == "epochs"
     assert "feddf-distillation" not in gpu
-    assert cl.config_hash(cpu) != cl.config_hash(cpu | {"feddf-distillation": "paper"})
+    assert (run_store.config_hash(cpu)
+            != run_store.config_hash(cpu | {"feddf-distillation": "paper"}))
     for tier in ("cpu", "mini"):
-        assert "feddf-distillation" not in cl.run_config(tier, "heterotune-groups", "fedmd", 0)
+        assert "feddf-distillation" not in run_store.run_config(tier, "heterotune-groups",
+                                                                "fedmd", 0)
 
 
 def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
@@ -430,21 +438,21 @@ def test_group_ratio_settings_share_only_the_runs_that_ignore_the_ratio():
     ratio, so its runs differ, and every share of the campaign picked by ``arms`` is a subset."""
     t1, t5 = "heterotune-groups", "heterotune-groups-small-heavy"
     for arm in ("all-large", "all-small"):
-        assert cl.config_hash(cl.run_config("cpu", t1, arm, 0)) == \
-            cl.config_hash(cl.run_config("cpu", t5, arm, 0))
-    assert cl.config_hash(cl.run_config("cpu", t1, "heterotune", 0)) != \
-        cl.config_hash(cl.run_config("cpu", t5, "heterotune", 0))
+        assert run_store.config_hash(run_store.run_config("cpu", t1, arm, 0)) == \
+            run_store.config_hash(run_store.run_config("cpu", t5, arm, 0))
+    assert run_store.config_hash(run_store.run_config("cpu", t1, "heterotune", 0)) != \
+        run_store.config_hash(run_store.run_config("cpu", t5, "heterotune", 0))
     ids = ["heterotune-t1-vs-homo", "heterotune-t5-small-heavy-vs-homo"]
-    every = cl.plan_runs(ids, "cpu")
+    every = planning.plan_runs(ids, "cpu")
     # 3 seeds x (2 shared gate arms + HeteroTune and Homo in each of the 2 settings)
     assert len(every) == 3 * (2 + 2 * 2)
-    gate = cl.plan_runs(ids, "cpu", arms=["all-large", "all-small"])
+    gate = planning.plan_runs(ids, "cpu", arms=["all-large", "all-small"])
     assert [(s.arm, s.seed) for s in gate] == [(a, s) for s in range(3)
                                                for a in ("all-large", "all-small")]
-    rest = cl.plan_runs(ids, "cpu", arms=["heterotune", "homo"])
+    rest = planning.plan_runs(ids, "cpu", arms=["heterotune", "homo"])
     assert {s.hash for s in gate} | {s.hash for s in rest} == {s.hash for s in every}
     with pytest.raises(SystemExit, match="no arm 'homo2'"):
-        cl.plan_runs(ids, "cpu", arms=["homo2"])
+        planning.plan_runs(ids, "cpu", arms=["homo2"])
 
 
 def test_a_glob_selects_the_claims_of_the_tier_and_an_id_without_it_is_an_error():
@@ -454,16 +462,16 @@ def test_a_glob_selects_the_claims_of_the_tier_and_an_id_without_it_is_an_error(
     gpu_only = [c.id for c in CLAIMS.values() if c.id.startswith("heterotune-")
                 and "cpu" not in tiers_of(c)]
     assert cpu_only and gpu_only  # the glob below spans both kinds
-    assert sorted(c.id for c in cl.match_claims(["heterotune-*"], "cpu")) == sorted(cpu_only)
+    assert sorted(c.id for c in planning.match_claims(["heterotune-*"], "cpu")) == sorted(cpu_only)
     with pytest.raises(SystemExit, match=f"{gpu_only[0]}' matches no claim with a 'cpu' tier"):
-        cl.match_claims([gpu_only[0]], "cpu")
+        planning.match_claims([gpu_only[0]], "cpu")
     with pytest.raises(SystemExit, match="no claim matches 'nope-\\*'"):
-        cl.match_claims(["nope-*"], "cpu")
+        planning.match_claims(["nope-*"], "cpu")
 
 
 def test_the_paper_tier_reads_each_data_set_from_its_own_folder():
     """NICO++ and DomainNet runs get their own ``data-dir``; one folder for both is refused."""
-    specs = cl.plan_runs([], "paper", 1, data_dirs={"nico++": "/n", "domainnet": "/d"})
+    specs = planning.plan_runs([], "paper", 1, data_dirs={"nico++": "/n", "domainnet": "/d"})
     by_data = {}
     for spec in specs:
         by_data.setdefault(spec.keys["dataset"], set()).add(spec.keys.get("data-dir"))
@@ -471,10 +479,10 @@ def test_the_paper_tier_reads_each_data_set_from_its_own_folder():
     assert by_data.keys() - {"nico++", "domainnet"} and all(
         v == {None} for k, v in by_data.items() if k not in ("nico++", "domainnet"))
     with pytest.raises(SystemExit, match="--data-dir domainnet=DIR --data-dir nico"):
-        cl.plan_runs([], "paper", 1, extra={"data-dir": "/both"})
+        planning.plan_runs([], "paper", 1, extra={"data-dir": "/both"})
     with pytest.raises(SystemExit, match="expected DATASET=DIR"):
-        cl.parse_data_dirs(["nico=/n"])
-    assert cl.parse_data_dirs(["nico++=/a=b"]) == {"nico++": "/a=b"}
+        planning.parse_data_dirs(["nico=/n"])
+    assert planning.parse_data_dirs(["nico++=/a=b"]) == {"nico++": "/a=b"}
 
 
 def test_the_gpu_tier_plans_in_a_fresh_process():
@@ -485,11 +493,11 @@ def test_the_gpu_tier_plans_in_a_fresh_process():
 
     done = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "claims", "run",
                            "--tier", "gpu", "--dry-run"], capture_output=True, text=True,
-                          cwd=cl.ROOT, timeout=300)
+                          cwd=run_store.ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     listed = [ln.split()[1] for ln in done.stdout.splitlines()
               if ln.startswith(("todo ", "done "))]
-    assert listed == [s.name for s in cl.plan_runs([], "gpu")] and len(listed) > 100
+    assert listed == [s.name for s in planning.plan_runs([], "gpu")] and len(listed) > 100
 
 
 @pytest.mark.parametrize("tier", ["cpu", "gpu"])
@@ -502,7 +510,7 @@ def test_every_claim_run_with_its_data_here_can_partition_its_clients(tier):
     from fedtune_app.methods import resolve_config
 
     checked = set()
-    for spec in cl.plan_runs([], tier):
+    for spec in planning.plan_runs([], tier):
         cfg = resolve_config(spec.keys | {"model-source": "random",
                                           "model-group-sources": "random"})
         key = (cfg.data, cfg.held_out, cfg.seed)
@@ -518,12 +526,13 @@ def test_every_claim_run_with_its_data_here_can_partition_its_clients(tier):
 def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     store, results = tmp_path / "store", tmp_path / "results"
     executed = []
-    real = cl.execute
-    monkeypatch.setattr(cl, "execute", lambda spec, *a: executed.append(spec.name) or
+    real = execution.execute
+    monkeypatch.setattr(execution, "execute", lambda spec, *a: executed.append(spec.name) or
                         real(spec, *a))
     heads = iter(f"commit{i}" for i in range(100))  # HEAD moves while the campaign runs
-    monkeypatch.setattr(cl, "git_commit", lambda: next(heads))
-    records = cl.run_claims([smoke_claim.id], "smoke", None, store, results, log=lambda t: None)
+    monkeypatch.setattr(execution, "git_commit", lambda: next(heads))
+    records = execution.run_claims([smoke_claim.id], "smoke", None, store, results,
+                                   log=lambda t: None)
     # gate arms (all-large, all-small) and fedra, seeds 0 and 1: six runs, each stored once
     assert len(executed) == 6 and len(records) == 6
     assert {r["commit"] for r in records} == {"commit0"}  # the code the process loaded
@@ -532,17 +541,18 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert all(r["cpu-seconds"] > 0 for r in records)  # one core's cost, beside the wall time
 
     executed.clear()  # unchanged keys: every run is found by its hash and reused
-    again = cl.run_claims([smoke_claim.id], "smoke", None, store, results, log=lambda t: None)
+    again = execution.run_claims([smoke_claim.id], "smoke", None, store, results,
+                                 log=lambda t: None)
     assert executed == [] and [r["hash"] for r in again] == [r["hash"] for r in records]
 
     # a bookkeeping key (how a run writes) keeps the hash; a key that changes training does not
     monkeypatch.setitem(SETTINGS, "t-smoke", Setting("t-smoke", "smoke", {
         "smoke": SMOKE | {"eval-batch-size": 17}}))
-    cl.run_claims([smoke_claim.id], "smoke", 1, store, results, log=lambda t: None)
+    execution.run_claims([smoke_claim.id], "smoke", 1, store, results, log=lambda t: None)
     assert executed == []
     monkeypatch.setitem(SETTINGS, "t-smoke", Setting("t-smoke", "smoke", {
         "smoke": SMOKE | {"lr": 0.1}}))
-    cl.run_claims([smoke_claim.id], "smoke", 1, store, results, log=lambda t: None)
+    execution.run_claims([smoke_claim.id], "smoke", 1, store, results, log=lambda t: None)
     assert len(executed) == 3  # seed 0 of all-large, all-small, fedra again
     monkeypatch.setitem(SETTINGS, "t-smoke", Setting("t-smoke", "smoke", {"smoke": SMOKE}))
 
@@ -551,16 +561,16 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     from fedtune_app.apps.evaluation import unpack_correct
 
     for r in records:
-        assert r["fingerprint"] == cl.code_fingerprint(cl.record_method(r))
+        assert r["fingerprint"] == execution.code_fingerprint(run_store.record_method(r))
         assert r["lr"] == SMOKE_LR
         windows = [[unpack_correct(v) for v in ev["0"].values()] for ev in r["test-correct"]]
         assert r["test-examples"] == sum(len(a) for a in windows[-1])
         # the smoke test set has no domains: one stratum, the headline its mean
         assert [w[0].mean() for w in windows] == pytest.approx(
             [p["accuracy"] for p in r["curve"][-len(windows):]], abs=1e-12)
-    by_arm = {(r["arm"], r["seed"]): cl.primary_points(r) for r in records}
+    by_arm = {(r["arm"], r["seed"]): run_store.primary_points(r) for r in records}
     diffs = [by_arm["fedra", s] - by_arm["all-small", s] for s in (0, 1)]
-    row = next(r for r in cl.evaluate("smoke", store) if r["claim"].id == smoke_claim.id)
+    row = next(r for r in verdicts.evaluate("smoke", store) if r["claim"].id == smoke_claim.id)
     assert row["seeds"] == [0, 1] and row["differences"] == pytest.approx(diffs)
     # two rounds cannot show the last 20% of rounds flat: no verdict
     assert row["verdict"].verdict == cs.NOT_CONVERGED
@@ -568,7 +578,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert math.isfinite(err) and how == "bootstrap over test examples"
 
     report = tmp_path / "claims.md"
-    cl.write_report(("smoke",), report, store, readme=None)
+    reporting.write_report(("smoke",), report, store, readme=None)
     text = report.read_text()
     assert f"`{smoke_claim.id}`" in text and cs.NOT_CONVERGED in text
     assert f"fedtune claims run {smoke_claim.id} --tier smoke" in text
@@ -577,7 +587,7 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     path = next((store / "runs" / "smoke").glob("t-smoke__fedra__seed1__*.json"))
     older = json.loads(path.read_text()) | {"fingerprint": "0123456789ab", "commit": "abc1234"}
     path.write_text(json.dumps(older))
-    cl.write_report(("smoke",), report, store, readme=None)
+    reporting.write_report(("smoke",), report, store, readme=None)
     text = report.read_text()
     assert f"commit `abc1234`, fingerprint `0123456789ab`: `{path.name}`" in text
     assert "`fedtune claims run --tier smoke --rerun-older` runs them again" in text
@@ -588,7 +598,7 @@ def test_a_run_stored_meanwhile_by_another_campaign_is_not_run_again(tmp_path, s
     """Two campaigns on one store (overlapping globs, or a share each): a run the other stored
     after this one planned comes back as stored, and nothing runs."""
     store, results = tmp_path / "store", tmp_path / "results"
-    first = cl.plan_runs([smoke_claim.id], "smoke", 1, store)[0]
+    first = planning.plan_runs([smoke_claim.id], "smoke", 1, store)[0]
     other = {"final": 0.25, "seconds": 3.0, "rejected-replies": 0, "hash": first.hash}
     lines = []
 
@@ -599,7 +609,7 @@ def test_a_run_stored_meanwhile_by_another_campaign_is_not_run_again(tmp_path, s
             (folder / f"{first.name}.json").write_text(json.dumps(other))
         lines.append(message)
 
-    records = cl._run_specs([first], store, results, other_campaign_stores_it, "claims")
+    records = execution._run_specs([first], store, results, other_campaign_stores_it, "claims")
     assert records == [other]  # the stored record, without the marker
     assert not results.exists()  # no run started
     assert lines[1] == (f"claims: claims run 1/1 {first.setting} {first.arm} seed 0 lr "
@@ -612,9 +622,9 @@ def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
     running them in turn (each run is seeded on its own), curves equal to the last digit."""
     one, two = tmp_path / "one", tmp_path / "two"
     quiet = lambda t: None  # noqa: E731
-    alone = cl.run_claims([smoke_claim.id], "smoke", 1, one, tmp_path / "r1", log=quiet)
+    alone = execution.run_claims([smoke_claim.id], "smoke", 1, one, tmp_path / "r1", log=quiet)
     lines = []
-    shared = cl.run_claims([smoke_claim.id], "smoke", 1, two, tmp_path / "r2",
+    shared = execution.run_claims([smoke_claim.id], "smoke", 1, two, tmp_path / "r2",
                            log=lines.append, jobs=2)
     # seed 0 of all-large, all-small and fedra
     assert lines[0] == "claims: 3 claims runs, 0 already done, 3 to run, 2 at a time"
@@ -636,7 +646,7 @@ def test_jobs_workers_end_with_the_process_that_started_them():
     they were handed (minutes each, storing records nobody waits for)."""
     script = (
         "import multiprocessing, time\n"
-        "from fedtune_app.tools.claims import worker_pool\n"
+        "from fedtune_app.claims.execution import worker_pool\n"
         "pool = worker_pool(2)\n"
         "for _ in range(2): pool.submit(time.sleep, 600)\n"
         "while len(multiprocessing.active_children()) < 2: time.sleep(0.1)\n"
@@ -665,7 +675,7 @@ def test_jobs_workers_end_with_the_process_that_started_them():
 
 def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):
     with pytest.raises(SystemExit):
-        cl.main(["run", "--tier", "mini", "--jobs", "0", "--dry-run"])
+        cli.main(["run", "--tier", "mini", "--jobs", "0", "--dry-run"])
     assert "'0' is not a whole number of at least 1" in capsys.readouterr().err
 
 
@@ -676,7 +686,7 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5),
     # and the six of the LoRA-rank papers' abstracts
     assert len(mini) == 26 + 6 and not any("-t3-" in i and "heterotune" in i for i in mini)
-    specs = cl.plan_runs([], "mini", lr_mode="paper")
+    specs = planning.plan_runs([], "mini", lr_mode="paper")
     # distinct runs per seed, counted by hand from the registry: fedra-uneven 9 arms;
     # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
     # InclusiveFL, Eq. 3 (AllLarge 12*6 shared); half 6*6: AllSmall, FedRA, InclusiveFL, Eq. 3;
@@ -700,16 +710,17 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     assert small.keys["capacities"] == "3*6"  # every client on the smallest depth, 3 of 12
     # Table 4's AllSmall is Table 1's 3-block model, run for run (its draws are ignored)
     for arm in ("all-small", "all-large"):
-        assert (cl.run_config("mini", "fedra-dynamic", arm, 0, 0.01)
-                == cl.run_config("mini", "fedra-uneven", arm, 0, 0.01))
-    assert cl.run_config("mini", "fedra-dynamic", "all-small", 0, 0.01)["capacities"] == "3*6"
+        assert (run_store.run_config("mini", "fedra-dynamic", arm, 0, 0.01)
+                == run_store.run_config("mini", "fedra-uneven", arm, 0, 0.01))
+    assert run_store.run_config("mini", "fedra-dynamic", "all-small", 0,
+                                0.01)["capacities"] == "3*6"
     fedra_dyn = next(s for s in specs if (s.setting, s.arm) == ("fedra-dynamic", "fedra"))
     assert fedra_dyn.keys["dynamic-capacities"] is True
     # tuned rates are the default: before any tuning run, planning says what to do first
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
-        cl.plan_runs([], "mini", store=tmp_path)
+        planning.plan_runs([], "mini", store=tmp_path)
     # the committed tuning records choose a rate from the grid for every arm of every claim
-    tuned = cl.plan_runs([], "mini")
+    tuned = planning.plan_runs([], "mini")
     assert len(tuned) == len(specs) and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
@@ -718,18 +729,19 @@ def test_the_rank_settings_hold_every_block_and_share_their_gate():
     arm says; FedIT at rank 8 (AllLarge), at rank 2 (AllSmall) and FedIT in the homogeneous
     setting are one run each, whichever setting asks."""
     def keys(setting, arm):
-        return cl.run_config("mini", setting, arm, 0, 0.01)
+        return run_store.run_config("mini", setting, arm, 0, 0.01)
 
     mixed, same = "rank-mixed", "rank-homogeneous"
     assert {(keys(mixed, a)["method"], keys(mixed, a)["ranks"], keys(mixed, a)["capacities"])
             for a in ("flora", "fedit-r8", "fedit-r2")} == {
         ("flora", "8,8,4,4,2,2", "12*6"), ("fedit", "8*6", "12*6"), ("fedit", "2*6", "12*6")}
     for arm in ("fedit-r8", "fedit-r2"):
-        assert cl.config_hash(keys(mixed, arm)) == cl.config_hash(keys(same, arm))
-    assert cl.config_hash(keys(same, "fedit")) == cl.config_hash(keys(mixed, "fedit-r8"))
-    assert cl.config_hash(keys(mixed, "flora")) != cl.config_hash(keys(same, "flora"))
+        assert run_store.config_hash(keys(mixed, arm)) == run_store.config_hash(keys(same, arm))
+    assert run_store.config_hash(keys(same, "fedit")) == run_store.config_hash(keys(mixed,
+                                                                                    "fedit-r8"))
+    assert run_store.config_hash(keys(mixed, "flora")) != run_store.config_hash(keys(same, "flora"))
     # the gate's arms are the settings' reference and AllSmall
-    assert [cl.claim_arms(CLAIMS["fedex-lora-vs-fedit"])[i] for i in (0, 1)] == [
+    assert [reg.claim_arms(CLAIMS["fedex-lora-vs-fedit"])[i] for i in (0, 1)] == [
         (same, "fedit-r8"), (same, "fedit-r2")]
 
 
@@ -739,41 +751,41 @@ def test_a_paper_difference_that_could_not_be_read_is_shown_so(hand_tier, monkey
     import dataclasses
 
     for missing in (None, math.nan):
-        claim = dataclasses.replace(cl.CLAIMS["t-a"], paper_difference=missing)
-        monkeypatch.setitem(cl.CLAIMS, "t-a", claim)
+        claim = dataclasses.replace(reg.CLAIMS["t-a"], paper_difference=missing)
+        monkeypatch.setitem(reg.CLAIMS, "t-a", claim)
         row = _rows(hand_tier)["t-a"]
         # ours is still computed: differences 10, 9, 8 over a gap of 11, 12, 13
         assert row["verdict"].difference.mean == pytest.approx(9.0)
-        assert cl.effect_text(row) == ("-", "+0.75 (paper n/a)")
-        line = next(ln for ln in cl.verdict_rows([row]) if "`t-a`" in ln)
+        assert claim_text.effect_text(row) == ("-", "+0.75 (paper n/a)")
+        line = next(ln for ln in claim_text.verdict_rows([row]) if "`t-a`" in ln)
         assert line.startswith("| `t-a` | FedRA Table 1 | not readable | 9.00 ± 2.48 (95%) | - |")
-        text = "\n".join(cl.claim_section(row, "t", {}))
+        text = "\n".join(claim_text.claim_section(row, "t", {}))
         assert "(difference not readable)" in text and "the paper's not readable" in text
         assert "nan" not in line + text
     # a readable difference keeps its number and its position
-    monkeypatch.setitem(cl.CLAIMS, "t-a", dataclasses.replace(claim, paper_difference=20.0))
+    monkeypatch.setitem(reg.CLAIMS, "t-a", dataclasses.replace(claim, paper_difference=20.0))
     row = _rows(hand_tier)["t-a"]
-    assert cl.effect_text(row)[0] == cs.OURS_SMALLER  # 20 above 9 + 2.48
-    assert "| +20.00 |" in next(ln for ln in cl.verdict_rows([row]) if "`t-a`" in ln)
+    assert claim_text.effect_text(row)[0] == cs.OURS_SMALLER  # 20 above 9 + 2.48
+    assert "| +20.00 |" in next(ln for ln in claim_text.verdict_rows([row]) if "`t-a`" in ln)
 
 
 def test_rate_rule_highest_validation_mean_ties_to_the_smaller():
-    assert cl.choose_rate({0.01: 61.0, 0.1: 70.5, 0.2: 70.5}) == 0.1  # a tie: the smaller
-    assert cl.choose_rate({0.01: 61.0, 0.1: 70.504, 0.2: 70.496}) == 0.1  # equal to 0.01
-    assert cl.choose_rate({0.01: 71.0, 0.1: 70.5}) == 0.01
+    assert planning.choose_rate({0.01: 61.0, 0.1: 70.5, 0.2: 70.5}) == 0.1  # a tie: the smaller
+    assert planning.choose_rate({0.01: 61.0, 0.1: 70.504, 0.2: 70.496}) == 0.1  # equal to 0.01
+    assert planning.choose_rate({0.01: 71.0, 0.1: 70.5}) == 0.01
 
 
 def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim):
     """Tuning runs stored as records; each arm's rate by the rule, the claim runs at it."""
     from fedtune_app.apps.results import write_json
 
-    monkeypatch.setitem(cl.reg.LR_GRID, "smoke", (0.01, 0.1, 0.2))
+    monkeypatch.setitem(reg.LR_GRID, "smoke", (0.01, 0.1, 0.2))
     # the smoke preset holds no validation set: tuning runs carve one, as the mini preset does
-    monkeypatch.setattr(cl.reg, "TUNING_KEYS", cl.reg.TUNING_KEYS | {"validation-fraction": 0.2})
+    monkeypatch.setattr(reg, "TUNING_KEYS", reg.TUNING_KEYS | {"validation-fraction": 0.2})
     (tmp_path / "tuning" / "smoke").mkdir(parents=True)
-    specs = cl.plan_tuning([smoke_claim.id], "smoke")
+    specs = planning.plan_tuning([smoke_claim.id], "smoke")
     assert len(specs) == 3 * 3 * 2  # arms x rates x tuning seeds
-    assert {s.seed for s in specs} == set(cl.reg.TUNING_SEEDS)
+    assert {s.seed for s in specs} == set(reg.TUNING_SEEDS)
     assert all(s.keys["evaluation-split"] == "validation" for s in specs)
     # validation curves (3 evaluations, primary = their mean = v): the peak at round 2
     value = {("fedra", 0.01): (60, 62), ("fedra", 0.1): (70, 71), ("fedra", 0.2): (70.5, 70.5),
@@ -781,13 +793,13 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
              ("all-small", 0.2): (10, 10), ("all-large", 0.01): (80, 80),
              ("all-large", 0.1): (85, 85), ("all-large", 0.2): (84, 84)}
     for spec in specs:
-        v = value[spec.arm, spec.keys["lr"]][spec.seed - cl.reg.TUNING_SEEDS[0]]
+        v = value[spec.arm, spec.keys["lr"]][spec.seed - reg.TUNING_SEEDS[0]]
         if (spec.arm, spec.keys["lr"], spec.seed) == ("all-large", 0.2, 1001):
             continue  # one tuning run missing: no choice for AllLarge yet
         curve = [{"round": r, "accuracy": a / 100} for r, a in ((1, v - 1), (2, v + 1), (3, v))]
         write_json(tmp_path / "tuning" / "smoke" / f"{spec.name}.json",
                    {"hash": spec.hash, "curve": curve, "final": v / 100})
-    rates = cl.tuned_rates("smoke", tmp_path)
+    rates = planning.tuned_rates("smoke", tmp_path)
     fedra = rates["t-smoke", "fedra"]
     # means 61, 70.5, 70.5: the tie goes to 0.1
     assert fedra.lr == 0.1 and fedra.means == pytest.approx({0.01: 61, 0.1: 70.5, 0.2: 70.5})
@@ -796,10 +808,11 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
     assert rates["t-smoke", "all-large"].lr is None  # 0.2 has one of two seeds
     assert rates["t-smoke", "all-large"].seeds == {0.01: 2, 0.1: 2, 0.2: 1}
     with pytest.raises(SystemExit, match="no learning rate chosen yet"):
-        cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path)
-    runs = cl.plan_runs([smoke_claim.id], "smoke", store=tmp_path, arms=["fedra", "all-small"])
+        planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path)
+    runs = planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path, arms=["fedra",
+                                                                               "all-small"])
     assert {(s.arm, s.keys["lr"]) for s in runs} == {("fedra", 0.1), ("all-small", 0.01)}
-    assert {(s.arm, s.keys["lr"]) for s in cl.plan_runs(
+    assert {(s.arm, s.keys["lr"]) for s in planning.plan_runs(
         [smoke_claim.id], "smoke", store=tmp_path, lr_mode="paper")} == {
         ("fedra", 0.01), ("all-small", 0.01), ("all-large", 0.01)}
 
@@ -820,7 +833,7 @@ def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeyp
     records["t-other", "all-large", 0] = records["t-smoke", "all-large", 0]
     (tmp_path / "tuning" / "smoke" / "t.json").write_text(json.dumps(
         {"setting": "t-smoke", "arm": "fedra", "seconds": 2700.0}))  # no CPU seconds: wall
-    text = cl.tier_cost("smoke", records, tmp_path)[0]
+    text = reporting.tier_cost("smoke", records, tmp_path)[0]
     spent = (4500 + 7200 + 1440) / 3600
     # seed 1 of each arm at its mean: fedra (4500 + 2700) / 2 (its tuning run too), the others
     # their one run
@@ -828,7 +841,7 @@ def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeyp
     assert text == (f"Cost: the 3 claim runs in took {spent:.1f} core-hours; the 3 still to do, "
                     f"about {todo:.1f} more at the stored seconds of the same arm; target: all "
                     f"of them in about 12 core-hours. The tuning runs so far: 0.8 core-hours.")
-    assert cl.tier_cost("cpu", records, tmp_path) == []  # no fixed seed count, no budget
+    assert reporting.tier_cost("cpu", records, tmp_path) == []  # no fixed seed count, no budget
 
 
 def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):
@@ -840,14 +853,14 @@ def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):
     for i, (setting, arm, secs) in enumerate(stored):
         (runs / f"{setting}__{arm}__seed{i}__h{i}.json").write_text(
             json.dumps({"setting": setting, "arm": arm} | secs))
-    done = cl.RunSpec("t", "a", "fedra", 0, {"seed": 0})
+    done = run_store.RunSpec("t", "a", "fedra", 0, {"seed": 0})
     (runs / f"{done.name}.json").write_text(json.dumps({"setting": "a", "arm": "fedra",
                                                         "seconds": 1.0}))
-    todo = [cl.RunSpec("t", st, arm, 1, {"seed": i + 1}) for i, (st, arm) in enumerate(
+    todo = [run_store.RunSpec("t", st, arm, 1, {"seed": i + 1}) for i, (st, arm) in enumerate(
         (("a", "fedra"), ("c", "fedra"), ("c", "all-small"), ("c", "depthfl")))]
     # fedra: mean CPU of its runs in 'a' (the finished one, 1 s, included): (3600 + 7200 + 1) / 3
     # twice (in 'a', and in 'c' from the tier's fedra runs); all-small 1800 s; depthfl unknown
     hours = (2 * (3600 + 7200 + 1) / 3 + 1800) / 3600
-    assert cl.estimate_cost([done] + todo, tmp_path) == (
+    assert run_store.estimate_cost([done] + todo, tmp_path) == (
         f"4 of 5 runs to do: about {hours:.1f} core-hours at the stored seconds of the same arm; "
         "1 runs of arms with no stored run not counted")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from fedtune_app.tools import claims_stats as cs
+from fedtune_app.claims import stats as cs
 
 
 def tail2(c: float, delta: float = 0.0) -> float:

@@ -99,9 +99,9 @@ def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path,
 
 def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_source(
         tmp_path, monkeypatch):
+    from fedtune_app.claims.store import run_config
     from fedtune_app.methods import resolve_config
     from fedtune_app.tools import pretrain
-    from fedtune_app.tools.claims import run_config
 
     monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that pretrained vit12-s only
     small, tiny = (tmp_path / f"{f}-fmnist-mnist16.safetensors" for f in ("vit12-s", "vit12-t"))

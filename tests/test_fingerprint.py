@@ -52,7 +52,9 @@ def test_an_edit_reaches_the_methods_that_run_it_and_no_other(checkout):
     _edit(checkout, "methods/__init__.py")  # it imports every method to register it: shared
     assert changed() == set(before)
     before = code_fingerprints(checkout)
-    _edit(checkout, "tools/claims.py")  # plans and reports runs: no run's code
+    _edit(checkout, "tools/cli.py")  # the command line: no run's code
+    assert changed() == set()
+    _edit(checkout, "claims/verdicts.py")  # the claims harness plans and judges runs: no run's code
     assert changed() == set()
 
 

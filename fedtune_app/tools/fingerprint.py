@@ -1,9 +1,9 @@
 """The fingerprint of the code a claim run executes, so that a report can name the records made
 by older code, and only those.
 
-A method's fingerprint hashes, by content, every Python source of the package but its tools
-(which plan, store and report runs; what a run computes is in its config hash) and but the
-method modules the method does not import: its own module (the one that calls
+A method's fingerprint hashes, by content, every Python source of the package but its tools and
+its claims harness (which plan, store and report runs; what a run computes is in its config
+hash) and but the method modules the method does not import: its own module (the one that calls
 ``register_method`` with its name) and the method modules that one imports, transitively, are in
 it, the other methods' are not. A fix to FedBRICK thus leaves FedRA's records current, while a
 fix to FedRA (which FedBRICK extends) or to any shared module (training, aggregation, data) makes
@@ -22,11 +22,12 @@ METHODS = "methods/"
 
 
 def _sources(root: Path) -> dict[str, bytes]:
-    """The package's sources but its tools: path relative to the package -> content."""
+    """The package's sources but its tools and claims harness: path relative to the package ->
+    content."""
     package = root / "fedtune_app"
     return {p.relative_to(package).as_posix(): p.read_bytes()
             for p in sorted(package.rglob("*.py"))
-            if not p.relative_to(package).as_posix().startswith("tools/")}
+            if not p.relative_to(package).as_posix().startswith(("tools/", "claims/"))}
 
 
 def _method_module(relative: str) -> str | None:

@@ -8,7 +8,7 @@ holds every class (client 5: capacities 2,5,4,3,2,6); per class accuracy and eac
 labels beside the curves. It runs in this process (``run_inprocess``): no Ray start-up, no
 SuperLink, the same ServerApp and ClientApp.
 
-    python -m fedtune_app.tools.claims_owner     (two runs of a few minutes on one thread)
+    python -m fedtune_app.claims.owner     (two runs of a few minutes on one thread)
 
 writes ``docs/claims/label-skew-owner-test.json``, which ``fedtune claims report`` shows.
 """
@@ -20,22 +20,23 @@ import sys
 import time
 from pathlib import Path
 
-from fedtune_app.tools.claims_registry import OWNER_TEST
+from fedtune_app.claims.registry import ARMS, OWNER_TEST
 
 
 def owner_test(out: Path | None = None, results: Path | None = None) -> dict:
     """Run both arrangements in this process; the summary written to ``out``."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
-    from fedtune_app.tools import claims as cl
+    from fedtune_app.claims import store
+    from fedtune_app.tools.fingerprint import code_fingerprint
 
-    out = out or cl.STORE / "label-skew-owner-test.json"
-    results = results or cl.RESULTS / "owner-test"
+    out = out or store.STORE / "label-skew-owner-test.json"
+    results = results or store.RESULTS / "owner-test"
     setting, arm, seed = OWNER_TEST["setting"], OWNER_TEST["arm"], OWNER_TEST["seed"]
-    summary = {"setting": setting, "arm": arm, "seed": seed, "commit": cl.git_commit(),
-               "fingerprint": cl.code_fingerprint(cl.ARMS[arm].method), "runs": []}
+    summary = {"setting": setting, "arm": arm, "seed": seed, "commit": store.git_commit(),
+               "fingerprint": code_fingerprint(ARMS[arm].method), "runs": []}
     for label, capacities in OWNER_TEST["arrangements"].items():
-        keys = cl.run_config("cpu", setting, arm, seed) | {"capacities": capacities}
+        keys = store.run_config("cpu", setting, arm, seed) | {"capacities": capacities}
         started = time.time()
         folder = Path(run_inprocess(keys | {"results-dir": str(results)}))
         metrics = json.loads((folder / "metrics.json").read_text())
@@ -44,7 +45,7 @@ def owner_test(out: Path | None = None, results: Path | None = None) -> dict:
         peak = max(evaluated, key=lambda m: m["accuracy"])
         summary["runs"].append({
             "arrangement": label, "capacities": capacities,
-            "config-hash": cl.config_hash(keys), "seconds": round(time.time() - started, 1),
+            "config-hash": store.config_hash(keys), "seconds": round(time.time() - started, 1),
             "class-names": config["class-names"],
             "client-labels": {str(c["partition_id"]): c["label_counts"]
                               for c in config["clients"]},

@@ -13,7 +13,7 @@ hub). An ``Arm`` is a method as a claim runs it (a method plus keys of its own, 
 Eq. 3). A ``Claim`` is one sentence of one paper: its per-seed evidence is a paired sum of
 primary metrics ``terms`` (coefficient, setting, arm), e.g. FedRA minus InclusiveFL in one
 setting, or the growth of a gap between two settings, tested in the paper's ``direction``
-(``claims_stats``). The statistical plan is fixed here before any run: each tier's seed count
+(``stats``). The statistical plan is fixed here before any run: each tier's seed count
 (``TIER_SEEDS``), each margin with its reason, the learning-rate grid and the rule that picks a
 rate per arm on the validation split (``LR_GRID``, ``TUNING_SEEDS``, ``LR_RULE``). Settings that
 map to the same keys share their runs (the cache is keyed on the run config, not on the
@@ -74,7 +74,7 @@ CPU_GROUPS = CPU_BASE | {
 MINI_KEYS = {"preset": "mini"}
 MINI_GROUP_KEYS = {"preset": "mini-groups"}
 
-# --- the statistical plan (claims_stats), fixed before any run
+# --- the statistical plan (stats), fixed before any run
 # seeds per claim by tier: every claim of the tier waits for all of them ("running" before);
 # the other tiers keep each claim's own count (3 or 5)
 TIER_SEEDS = {"mini": 10}
@@ -119,7 +119,7 @@ class Claim:
     table: str
     sentence: str  # what the paper says
     terms: tuple  # ((coefficient, setting id, arm label), ...): the per-seed paired statistic
-    direction: str  # greater | within | similar (claims_stats)
+    direction: str  # greater | within | similar (stats)
     margin: float  # accuracy points; 0 for 'greater'
     paper_numbers: str  # the paper's numbers this claim rests on, with their table row
     # the paper's own difference of the same statistic (points); None where no number of it could
@@ -182,7 +182,7 @@ def _tiers(cpu: dict | None, gpu: dict | None, paper: dict | None, groups: bool 
     return out
 
 
-# the label-skew tier's owner test (claims_owner): the seed of fedra-uneven on which InclusiveFL
+# the label-skew tier's owner test (owner): the seed of fedra-uneven on which InclusiveFL
 # collapses plainest, run as the tier runs it and with the 6 blocks on a client holding every
 # class
 OWNER_TEST = {"setting": "fedra-uneven", "arm": "inclusivefl", "seed": 4, "arrangements": {

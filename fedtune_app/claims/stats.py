@@ -1,4 +1,4 @@
-"""The statistics behind a claim's verdict, fixed before any run (``claims_registry`` holds the
+"""The statistics behind a claim's verdict, fixed before any run (``registry`` holds the
 plan: seeds, margins and their reasons, the learning-rate grid).
 
 Every method of a claim runs on the same seeds, and a seed fixes partition, training subset,

@@ -1,0 +1,267 @@
+"""The report's words for one claim: its verdict, effect, per-arm rows and section."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedtune_app.claims import registry as reg
+from fedtune_app.claims import stats as cs
+from fedtune_app.claims.planning import RateChoice
+from fedtune_app.claims.registry import (
+    SETTINGS,
+    Claim,
+    claim_settings,
+)
+from fedtune_app.claims.store import best_points, curve_points, final_points, primary_points
+from fedtune_app.claims.verdicts import BELOW_TARGET, GAP_TARGET
+
+NOT_READABLE = "not readable"
+
+
+def paper_readable(claim: Claim) -> bool:
+    """Whether the paper's own difference could be read (None or NaN: it could not)."""
+    return claim.paper_difference is not None and math.isfinite(claim.paper_difference)
+
+
+def paper_text(claim: Claim) -> str:
+    return f"{claim.paper_difference:+.2f}" if paper_readable(claim) else NOT_READABLE
+
+
+def effect_text(row: dict) -> tuple[str, str]:
+    """(where the paper's difference lies against ours, ours / gap beside the paper's ratio);
+    a paper whose difference could not be read has no position ("-") and no ratio ("n/a")."""
+    c, v = row["claim"], row["verdict"]
+    if v.difference is None or v.difference.n < 2:
+        return "-", "-"
+    readable = paper_readable(c)
+    position = cs.effect_position(c.paper_difference, v.difference) if readable else "-"
+    st = SETTINGS[claim_settings(c)[0]]
+    gap = row["gaps"].get(st.id, (None,))[0]
+    ours = f"{v.difference.mean / gap.mean:+.2f}" if gap and gap.mean else "-"
+    paper = (f"{c.paper_difference / (st.paper_large - st.paper_small):+.2f}"
+             if readable and st.paper_large is not None and st.paper_small is not None
+             else "n/a")
+    return position, f"{ours} (paper {paper})"
+
+
+def ci_text(iv: cs.Interval | None) -> str:
+    if iv is None:
+        return "-"
+    if iv.n < 2:
+        return f"{iv.mean:.2f} (n=1)"
+    return f"{iv.mean:.2f} ± {iv.half_width:.2f}"
+
+
+def p_text(p: float) -> str:
+    return "-" if not math.isfinite(p) else f"{p:.3g}" if p >= 1e-4 else "<1e-4"
+
+
+def _collapse_kinds(collapse: dict[str, str]) -> str:
+    """Which arms tripped gate (3) and by which part."""
+    return ", ".join(f"{arm}: {cs.collapse_parts(why)}" for arm, why in collapse.items())
+
+
+def verdict_text(row: dict) -> str:
+    v = row["verdict"]
+    text = f"**{v.verdict}**"
+    if v.reason:
+        text += f" ({v.reason})"
+    if row.get("test_alone"):
+        text += f"; the test alone: {row['test_alone']}"
+        if round_sides(row) in ({"+"}, {"-"}):
+            text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
+    if v.flags and (v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE)
+                    or row.get("test_alone")):
+        text += f"; {cs.COLLAPSING} ({_collapse_kinds(row['collapse'])})"
+    if row.get("below_target"):
+        text += f"; {BELOW_TARGET}"
+    if row["claim"].same_as and row.get("identical") is not None:
+        text += "; runs identical" if row["identical"] else "; runs differ"
+    return text
+
+
+def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
+    """One arm's row of a setting's table: the primary metric over its seeds and its final
+    round, with DepthFL's ensemble or, for a method that trains several model groups, the
+    smallest and largest group's own model beside it (their mean, the headline, can hide one
+    group that learnt nothing); the validation-chosen round, the convergence window, the rate."""
+    prim = cs.t_interval([primary_points(r) for r in rs])
+    finals = cs.t_interval([final_points(r) for r in rs])
+    secs = f"{sum(r['seconds'] for r in rs) / len(rs):.0f}"
+    if all("cpu-seconds" in r for r in rs):
+        secs += f" (CPU {sum(r['cpu-seconds'] for r in rs) / len(rs):.0f})"
+    last = [r["curve"][-1] for r in rs]
+
+    def final_of(key: str) -> str:
+        return ci_text(cs.t_interval([100 * p[key] for p in last]))
+
+    finals_text = ci_text(finals)
+    if all("accuracy-ensemble" in p for p in last):  # DepthFL
+        finals_text += f" (ensemble {final_of('accuracy-ensemble')})"
+    elif all("accuracy-smallest" in p for p in last) and any(
+            p["accuracy-smallest"] != p["accuracy-largest"] for p in last):
+        finals_text += (f" (smallest model {final_of('accuracy-smallest')}, "
+                        f"largest {final_of('accuracy-largest')})")
+    selected = "-"
+    if choice is not None and choice.best_round is not None:
+        at = [dict(curve_points(r)).get(choice.best_round) for r in rs]
+        if None not in at:
+            selected = f"{np.mean(at):.2f} (round {choice.best_round})"
+    try:
+        ok, gains = cs.arm_convergence([curve_points(r) for r in rs])
+        window = ci_text(gains) + ("" if ok is None else " ok" if ok else " **no**")
+    except ValueError:
+        window = "too few evaluations"
+    under_best = np.mean([final_points(r) - best_points(r) for r in rs])
+    lr = rs[0].get("lr")
+    return (f"| {arm} | {len(rs)} | {ci_text(prim)} | {finals_text} | {selected} | {window} | "
+            f"{under_best:+.2f}{' (falls)' if under_best < -cs.COLLAPSE_POINTS else ''} | "
+            f"{'-' if lr is None else f'{lr:g}'} | {sum(r['rejected-replies'] for r in rs)} | "
+            f"{secs} |")
+
+
+ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validation-chosen round "
+              "(test %) | last-20% gain (95% CI), converged | final - own best | lr | rejected "
+              "replies | seconds per run (CPU) |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def difference_text(row: dict) -> str:
+    """The claim's difference with its interval and the interval's level, or '-'."""
+    d = row["verdict"].difference
+    return "-" if d is None else f"{ci_text(d)} ({d.confidence:.0%})" if d.n > 1 else ci_text(d)
+
+
+def beside_text(row: dict) -> str:
+    """A claim at the papers' 0.01: its difference (the size, not only the verdict) and verdict."""
+    if row["verdict"].difference is None:
+        return verdict_text(row)
+    return f"{difference_text(row)}: {verdict_text(row)}"
+
+
+def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[str]:
+    """The verdict table of a tier; ``at_paper_rate``: claim id -> its row at the papers' 0.01,
+    shown in a last column (tuned tiers)."""
+    head = ("| claim | paper | paper's difference | ours: difference (CI) | paper's against "
+            "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
+    if at_paper_rate is not None:
+        head, rule = head + " at lr 0.01: difference (CI), verdict |", rule + "---|"
+    lines = [head, rule]
+    for row in rows:
+        c, v = row["claim"], row["verdict"]
+        position, ratio = effect_text(row)
+        ci = difference_text(row)
+        line = (f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | {ci} | "
+                f"{position} | {ratio} | {p_text(v.p)} | {p_text(v.p_holm)} | "
+                f"{'-' if not math.isfinite(v.detectable) else f'{v.detectable:.2f}'} | "
+                f"{len(row['seeds'])}/{row['need']} | {verdict_text(row)} |")
+        if at_paper_rate is not None:
+            paper_row = at_paper_rate.get(c.id)
+            line += f" {'-' if paper_row is None else beside_text(paper_row)} |"
+        lines.append(line)
+    return lines
+
+
+def round_sides(row: dict) -> set:
+    """The sides of the boundary the claim's single-round intervals lie on."""
+    c = row["claim"]
+    return {cs.interval_side(ci, c.direction, c.margin) for _, ci in row["by_round"]}
+
+
+def by_round_text(row: dict) -> str:
+    """The difference at each of the last evaluated rounds, with the side its interval lies on
+    (no adjustment for reading it several times: a check of stability, not a test)."""
+    c = row["claim"]
+    reads = [(r, ci, cs.interval_side(ci, c.direction, c.margin)) for r, ci in row["by_round"]]
+    if not reads:
+        return "- Read at single rounds: no round that every run evaluated."
+    sides = {side for _, _, side in reads}
+    same = ("the same side at every one" if sides in ({"+"}, {"-"})
+            else "the side changes with the round" if {"+", "-"} <= sides
+            else "across the boundary at some")
+    return (f"- Read at single rounds ({reads[0][1].confidence:.0%} intervals, unadjusted; "
+            "+ the claim's side, - the other, ? across): "
+            + ", ".join(f"round {r} {ci_text(ci)} {side}" for r, ci, side in reads) + f": {same}.")
+
+
+def paper_rate_text(row: dict) -> str:
+    """A claim's line at the papers' 0.01 (every arm at it, the claim's own seeds)."""
+    c = row["claim"]
+    rerun = f"`fedtune claims run {c.id} --tier {row['tier']} --lr paper`"
+    if not row["seeds"]:
+        return f"- At the papers' 0.01: no records yet ({rerun})."
+    arms = "; ".join(f"{arm} {ci_text(info['primary'])}" for arm, info in row["per_arm"].items())
+    return (f"- At the papers' 0.01 for every arm ({len(row['seeds'])} of {row['need']} "
+            f"seeds; {rerun}): {arms}; difference {beside_text(row)}.")
+
+
+def claim_section(row: dict, tier: str, choices: dict, at_paper_rate: dict | None = None
+                  ) -> list[str]:
+    """A claim's section; ``at_paper_rate``: its row at the papers' 0.01 (tuned tiers)."""
+    c, v = row["claim"], row["verdict"]
+    lines = [f"#### `{c.id}`: {verdict_text(row)}", "",
+             f"{c.paper}, {c.table}: {c.sentence}. Direction: {c.direction}"
+             + (f", margin {c.margin:g} points" if c.margin else "") + ".", "",
+             f"- Paper: {c.paper_numbers} (difference {paper_text(c)}).",
+             f"- Settings: {', '.join(f'`{s}`' for s in claim_settings(c))}; statistic: "
+             + " ".join(f"{w:+g} x {a} ({s})" for w, s, a in c.terms) + ".",
+             f"- Choices: {c.choices}"]
+    if c.margin_reason:
+        lines.append(f"- Margin: {c.margin_reason}.")
+    if c.same_as:
+        same = {True: " Here its runs are identical to that claim's, evaluation for evaluation.",
+                False: " Here its runs DIFFER from that claim's.", None: ""}[row.get("identical")]
+        lines.append(f"- Same as `{c.same_as}`: {c.same_reason}.{same}")
+    rerun = f"fedtune claims run {c.id} --tier {tier}"
+    if tier in reg.LR_GRID:
+        rerun = f"fedtune claims tune {c.id} --tier {tier} && {rerun}"
+    lines.append(f"- Rerun: `{rerun}`")
+    if not row["seeds"]:
+        return lines + [f"- {cs.NOT_RUN}.", ""]
+    parts = []
+    for arm, info in row["per_arm"].items():
+        text = f"{arm} {ci_text(info['primary'])} (final {ci_text(info['final'])}"
+        if info["selected"]:
+            text += f"; at the validation-chosen round {info['selected'][0]}: "
+            text += f"{info['selected'][1]:.2f}"
+        if info["lr"] is not None:
+            text += f"; lr {info['lr']:g}"
+        parts.append(text + ")")
+    lines.append(f"- Ours (primary metric %, mean ± 95% CI over seeds "
+                 f"{', '.join(map(str, row['seeds']))}): " + "; ".join(parts) + ".")
+    d = v.difference
+    if d is not None and d.n > 1:
+        se_seeds = d.std / math.sqrt(d.n)
+        err, how = row.get("test_error", (math.nan, ""))
+        lines.append(f"- Paired difference: {ci_text(d)} points ({d.confidence:.0%} interval), per "
+                     "seed " + ", ".join(f"{x:+.2f}" for x in row["differences"])
+                     + f"; p {p_text(v.p)}, Holm {p_text(v.p_holm)}; detectable with "
+                     f"{row['need']} seeds: {v.detectable:.2f} points.")
+        lines.append(f"- Error of the mean difference: seeds {se_seeds:.2f} points (s / sqrt(n)); "
+                     + (f"test set {err:.2f} points ({how})." if math.isfinite(err)
+                        else "test set: unknown for these records."))
+        position, ratio = effect_text(row)
+        lines.append(f"- Effect size: the paper's {paper_text(c)} against ours: "
+                     f"{position}; difference / (AllLarge - AllSmall): {ratio}.")
+        lines.append(by_round_text(row))
+    conv = "; ".join(f"{a} {ci_text(g) if isinstance(g, cs.Interval) else g}"
+                     + ("" if ok is None else " ok" if ok else " **not converged**")
+                     for a, (ok, g) in row["convergence"].items())
+    lines.append(f"- Gate (1) convergence, last-20% gain in points (95% CI): {conv}.")
+    gaps = "; ".join(
+        f"`{st}` AllLarge - AllSmall {ci_text(gap)} over seeds {', '.join(map(str, ss))}"
+        + ("" if ok is None else " > " if ok else " **not above** ")
+        + (f"{v.detectable:.2f}" if ok is not None else "")
+        for st, (gap, ok, ss) in row["gaps"].items() if gap is not None) or "not run"
+    if row["tier"] in reg.TIER_SEEDS and any(gap for gap, _, _ in row["gaps"].values()):
+        gaps += (f"; the tier's design target, a mean of at least {GAP_TARGET:g} points: "
+                 + (f"**not met** in {', '.join(f'`{st}`' for st in row['below_target'])}"
+                    if row["below_target"] else "met"))
+    lines.append(f"- Gate (2) discrimination: {gaps}.")
+    flags = "; ".join(v.flags) or "none"
+    lines.append(f"- Gate (3) collapse: {flags}.")
+    if at_paper_rate is not None:
+        lines.append(paper_rate_text(at_paper_rate))
+    return lines + [""]

@@ -1,0 +1,260 @@
+"""Running a campaign: each planned run in this process or in worker processes, each finished
+run stored as its small record as it ends, a campaign refused before it starts when a backbone
+checkpoint is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from fedtune_app.claims import registry as reg
+from fedtune_app.claims import stats as cs
+from fedtune_app.claims.planning import (
+    match_claims,
+    plan_runs,
+    plan_tuning,
+    tier_pairs,
+    tuned_rates,
+)
+from fedtune_app.claims.store import (
+    RESULTS,
+    ROOT,
+    STORE,
+    RunSpec,
+    estimate_cost,
+    find_cached,
+    git_commit,
+    run_state,
+    stored_paths,
+)
+from fedtune_app.config import ConfigError
+from fedtune_app.tools.fingerprint import code_fingerprint, code_fingerprints
+
+
+def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STORE,
+                results: Path = RESULTS, log=print, arms: list[str] | None = None,
+                jobs: int = 1, rerun_older: bool = False) -> dict:
+    """Run the tuning runs still missing (``jobs`` at a time; ``rerun_older``: and those made
+    by older code); write ``tuning/<tier>-rates.json`` (each arm's rate and validation means)
+    and return the choices."""
+    specs = plan_tuning(patterns, tier, arms)
+    _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
+    choices = tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
+    from fedtune_app.apps.results import write_json
+
+    write_json(store / "tuning" / f"{tier}-rates.json", {
+        "rule": reg.LR_RULE, "grid": list(reg.LR_GRID[tier]), "seeds": list(reg.TUNING_SEEDS),
+        "rates": {f"{s} {a}": {"lr": c.lr, "best-round": c.best_round,
+                               "validation-means": {f"{k:g}": v for k, v in c.means.items()}}
+                  for (s, a), c in choices.items()}})
+    return choices
+
+
+def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
+                  fingerprint: str | None = None, cpu_seconds: float | None = None) -> dict:
+    """The small record of a finished run: its curve, final metrics, rejected replies, which test
+    examples its last evaluations got right, and the fingerprint of the code that ran it."""
+    from fedtune_app.apps.evaluation import unpack_correct
+
+    metrics = json.loads((folder / "metrics.json").read_text())
+    curve, correct = [], []
+    for m in metrics:
+        if m["accuracy"] is None:
+            continue
+        point = {"round": m["round"], "loss": m.get("loss")}
+        point |= {k: v for k, v in m.items()
+                  if k.startswith("accuracy") and isinstance(v, (int, float))}
+        curve.append(point)
+        correct.append(m.get("test-correct"))
+    record = {"tier": spec.tier, "setting": spec.setting, "arm": spec.arm, "seed": spec.seed,
+              "hash": spec.hash, "run-key": spec.key, "lr": spec.keys.get("lr"), "curve": curve,
+              "final": curve[-1]["accuracy"],
+              "rejected-replies": sum(len(m.get("rejected") or ()) for m in metrics),
+              "seconds": round(seconds, 1), "rounds": len(metrics),
+              # this process's CPU time: one core's cost, whatever else shared the machine
+              **({} if cpu_seconds is None else {"cpu-seconds": round(cpu_seconds, 1)}),
+              "commit": commit,
+              "fingerprint": fingerprint or code_fingerprint(spec.keys["method"]),
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    window = correct[-cs.LAST_EVALUATIONS:]
+    if window and all(window):  # the primary metric's evaluations, example by example
+        record["test-correct"] = [_by_group(c) for c in window]
+        first = next(iter(record["test-correct"][0].values()))
+        record["test-examples"] = sum(len(unpack_correct(v)) for v in first.values())
+    return record
+
+
+def _by_group(correct: dict) -> dict:
+    """{stratum: packed} (one model) or {group: {stratum: packed}} -> the latter."""
+    return correct if isinstance(next(iter(correct.values())), dict) else {"0": correct}
+
+
+def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
+            commit: str | None = None, fingerprint: str | None = None,
+            rerun_older: bool = False) -> dict:
+    """Run one (setting, arm, seed) in this process and store its record; ``commit`` and
+    ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs). A run
+    another campaign stored since this one planned is not run again (with ``rerun_older``: one
+    stored by this code): its record comes back, marked ``reused``."""
+    from fedtune_app.apps.inprocess import run_inprocess
+    from fedtune_app.apps.results import write_json
+
+    method = spec.keys["method"]
+    fingerprint = fingerprint or code_fingerprint(method)
+    stored = find_cached(spec, store)
+    if stored is not None and not (rerun_older and run_state(spec, stored, {method: fingerprint})
+                                   == "older"):
+        return stored | {"reused": True}
+    commit = commit or git_commit()
+    started, cpu_started = time.time(), time.process_time()
+    # a folder per run: runs of one method and seed (tuning's rates) start in the same second
+    folder = Path(run_inprocess(spec.keys | {"results-dir": str(results / spec.tier / spec.name)}))
+    record = summarize_run(spec, folder, time.time() - started, commit, fingerprint,
+                           time.process_time() - cpu_started)
+    record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
+                                   else folder)
+    # a record run again (older code) replaces the one stored, under that one's name (a run
+    # settings share keeps the name it has): every reader finds the new one
+    old = stored_paths(spec, store)
+    path = old[0] if old else store / spec.folder / spec.tier / f"{spec.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+    for duplicate in old[1:]:
+        duplicate.unlink()
+    return record
+
+
+# what a run imports when it first needs it (seconds each): a fork server imports them once
+LAZY_IMPORTS = ("timm", "peft", "transformers", "datasets", "flwr_datasets", "sklearn")
+
+
+def _start_worker() -> None:
+    """A worker of ``--jobs``: one torch thread, and it ends with the process that started it.
+    Killed by a signal, that process runs no clean-up, and the runs it had handed out would go
+    on for minutes, unseen, taking the cores and storing records (the watch is on the pipe its
+    parent holds open, which closes however the parent ends)."""
+    import multiprocessing
+    import threading
+
+    import torch
+
+    torch.set_num_threads(1)
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True,
+                     name="exit-with-parent").start()
+
+
+def worker_pool(jobs: int, preload: tuple[str, ...] = ()):
+    """``jobs`` worker processes, each on one torch thread, ended with this process. Not forks
+    of this process (a forked torch with its threads started can hang): a fork server that has
+    imported ``preload`` once, before any torch thread exists."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    return ProcessPoolExecutor(jobs, context, initializer=_start_worker)
+
+
+def missing_checkpoints_of_runs(specs: list[RunSpec]) -> list[str]:
+    """The backbone checkpoints these runs need that this machine lacks (the stand-ins are made
+    offline and kept out of git), each with the command that makes it."""
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools import pretrain
+
+    one_per_arm = {(s.setting, s.arm): s for s in specs}.values()  # seeds share their files
+    return sorted({m for s in one_per_arm
+                   for m in pretrain.missing_checkpoints(resolve_config(s.keys))})
+
+
+def check_checkpoints(specs: list[RunSpec]) -> None:
+    """Refuse a campaign whose runs would stop on a missing checkpoint, before any starts."""
+    if missing := missing_checkpoints_of_runs(specs):
+        raise ConfigError(f"claims: {len(specs)} runs to do, and their backbone checkpoints are "
+                          "missing: " + "; ".join(missing) + ". Nothing was run.")
+
+
+def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path = STORE) -> None:
+    """What a campaign would do: each run done, done by older code ('older': run again with
+    ``rerun_older``) or to do; the core-hours left, and the checkpoints it would stop on."""
+    fingerprints = code_fingerprints()
+    todo, older = [], 0
+    for spec in specs:
+        state = run_state(spec, find_cached(spec, store), fingerprints)
+        todo += [spec] if state == "todo" or (state == "older" and rerun_older) else []
+        older += state == "older"
+        print(f"{state} {spec.name}")
+    print(estimate_cost(specs, store, todo)
+          + (f"; {older} done by older code, which `--rerun-older` runs again"
+             if older and not rerun_older else ""))
+    if missing := missing_checkpoints_of_runs(todo):
+        print("missing backbone checkpoints (the campaign would stop on them): "
+              + "; ".join(missing))
+
+
+def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
+               jobs: int = 1, rerun_older: bool = False) -> list[dict]:
+    """Run the specs not yet in ``store`` (``rerun_older``: and those stored by older code, whose
+    new records replace the old); ``jobs`` > 1: that many at once, each in its own
+    process on one torch thread (every run is seeded on its own, so its record does not depend
+    on which process ran it). A failed run stops the campaign after the runs under way; every
+    finished run is stored as it ends."""
+    from fedtune_app.apps.inprocess import progress
+
+    commit, fingerprints = git_commit(), code_fingerprints()
+    done = {s.hash: find_cached(s, store) for s in specs}
+    state = {s.hash: run_state(s, done[s.hash], fingerprints) for s in specs}
+    todo = [s for s in specs if state[s.hash] == "todo" or rerun_older and state[s.hash] == "older"]
+    check_checkpoints(todo)
+    older = sum(state[s.hash] == "older" for s in todo)
+    log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
+        f"{len(todo)} to run" + (f" ({older} of them made by older code)" if older else "")
+        + (f", {jobs} at a time" if jobs > 1 and todo else ""))
+
+    def finished(i: int, spec: RunSpec, record: dict) -> None:
+        reused = record.pop("reused", False)
+        done[spec.hash] = record
+        lr = f" lr {spec.keys['lr']:g}" if "lr" in spec.keys else ""
+        outcome = ("stored meanwhile by another campaign, not run again" if reused else
+                   f"accuracy {100 * record['final']:.2f}% in {record['seconds']:.0f} s, "
+                   f"{record['rejected-replies']} replies rejected")
+        log(f"claims: {what} run {i}/{len(todo)} {spec.setting} {spec.arm} seed "
+            f"{spec.seed}{lr}: {outcome}")
+
+    if jobs > 1 and len(todo) > 1:
+        from concurrent.futures import as_completed
+
+        with worker_pool(jobs, ("fedtune_app.apps.inprocess", "fedtune_app.methods",
+                                *LAZY_IMPORTS)) as pool:
+            running = {pool.submit(execute, spec, results, store, commit,
+                                   fingerprints[spec.keys["method"]], rerun_older): spec
+                       for spec in todo}
+            try:
+                for i, future in enumerate(as_completed(running), 1):
+                    finished(i, running[future], future.result())
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
+    else:
+        with progress([s.keys for s in todo], what):
+            for i, spec in enumerate(todo, 1):
+                finished(i, spec, execute(spec, results, store, commit,
+                                          fingerprints[spec.keys["method"]], rerun_older))
+    return [done[s.hash] for s in specs]
+
+
+def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
+               store: Path = STORE, results: Path = RESULTS, log=print,
+               extra: dict | None = None, arms: list[str] | None = None,
+               lr_mode: str = "tuned", data_dirs: dict | None = None,
+               jobs: int = 1, rerun_older: bool = False) -> list[dict]:
+    """Run whatever the claims still need (finished runs are found by hash and skipped;
+    ``rerun_older``: not those made by older code), one progress bar with an ETA over every
+    round of the runs left (``jobs`` > 1: a line per finished run); the records of all runs.
+    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
+    specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs)
+    return _run_specs(specs, store, results, log, "claims", jobs, rerun_older)
+
+

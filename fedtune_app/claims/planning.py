@@ -1,0 +1,230 @@
+"""Planning a campaign: which claims, which (setting, arm, seed) runs in which order, at which
+learning rate (chosen on validation by the registry's rule), and the records that answer them."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedtune_app.claims import registry as reg
+from fedtune_app.claims import stats as cs
+from fedtune_app.claims.registry import (
+    ARMS,
+    Claim,
+    claim_arms,
+    claim_seeds,
+    tiers_of,
+)
+from fedtune_app.claims.store import (
+    LR_MODES,
+    MAX_SEEDS,
+    STORE,
+    RunSpec,
+    curve_points,
+    hash_or_none,
+    primary_points,
+    records_by_hash,
+    run_config,
+    tuning_config,
+)
+
+
+def match_claims(patterns: list[str], tier: str) -> list[Claim]:
+    """Claims named by id or glob (all claims of the tier when none), in priority order.
+
+    A glob keeps the claims it matches that have the tier ('heterotune-*' on the CPU tier skips
+    the GPU-only LLaMA rows); an id, or a glob none of whose claims has the tier, is an error.
+    """
+    available = [c for c in reg.CLAIMS.values() if tier in tiers_of(c)]
+    if not patterns:
+        chosen = available
+    else:
+        chosen = []
+        for p in patterns:
+            hits = [c for c in reg.CLAIMS.values() if fnmatch.fnmatch(c.id, p)]
+            if not hits:
+                raise SystemExit(f"claims: no claim matches {p!r}; `fedtune claims list` "
+                                 "shows them")
+            in_tier = [c for c in hits if c in available]
+            if not in_tier:
+                has = "; ".join(f"{c.id} has: {', '.join(tiers_of(c)) or 'none'}" for c in hits)
+                raise SystemExit(f"claims: {p!r} matches no claim with a {tier!r} tier ({has})")
+            chosen += in_tier
+    chosen = list(dict.fromkeys(chosen))
+    return sorted(chosen, key=lambda c: (c.priority, list(reg.CLAIMS).index(c.id)))
+
+
+def tier_pairs(claims: list[Claim]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys(p for c in claims for p in claim_arms(c)))
+
+
+def arm_rates(tier: str, pairs, lr_mode: str = "tuned", store: Path = STORE) -> dict:
+    """(setting, arm) -> the rate its claim runs use: None on a tier without a grid (its own
+    keys' rate), the papers' 0.01 with ``lr_mode='paper'``, else the tuned choice (missing
+    where the tuning runs are not all in)."""
+    if lr_mode not in LR_MODES:
+        raise SystemExit(f"claims: --lr {lr_mode!r}: expected one of {', '.join(LR_MODES)}")
+    if tier not in reg.LR_GRID:
+        return {p: None for p in pairs}
+    if lr_mode == "paper":
+        return {p: reg.PAPER_LR for p in pairs}
+    choices = tuned_rates(tier, store, pairs)
+    return {p: choices[p].lr for p in pairs if choices[p].lr is not None}
+
+
+def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
+              store: Path = STORE, extra: dict | None = None,
+              arms: list[str] | None = None, lr_mode: str = "tuned",
+              data_dirs: dict | None = None) -> list[RunSpec]:
+    """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
+    a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed.
+    ``seeds``: 0..seeds-1 for every claim (default: each claim's fixed count on the tier).
+    ``arms``: only these arm labels (e.g. the gate's arms of every seed first, or one share of
+    the campaign per process or machine). On a tier that tunes rates, each arm runs at its
+    chosen rate (``lr_mode='paper'``: at 0.01); an arm not tuned yet is an error.
+    ``data_dirs``: dataset -> its ``data-dir``, set on the runs of that dataset only (the paper
+    tier reads NICO++ and DomainNet from two folders)."""
+    _check_arms(arms)
+    data_dirs = data_dirs or {}
+    runs: dict[str, RunSpec] = {}
+    claims = match_claims(list(patterns), tier)
+    rates = arm_rates(tier, tier_pairs(claims), lr_mode, store)
+    untuned = [p for p in tier_pairs(claims) if p not in rates and (not arms or p[1] in arms)]
+    if untuned:
+        raise SystemExit(f"claims: no learning rate chosen yet for {len(untuned)} arm(s) of tier "
+                         f"{tier!r} (e.g. {untuned[0][1]} in {untuned[0][0]}): run `fedtune "
+                         f"claims tune --tier {tier}` first, or `--lr paper` for the papers' "
+                         "0.01")
+    for priority in sorted({c.priority for c in claims}):
+        block = [c for c in claims if c.priority == priority]
+        pairs = tier_pairs(block)
+        need = {p: max((seeds or claim_seeds(c, tier)) for c in block if p in claim_arms(c))
+                for p in pairs}
+        for seed in range(max(need.values())):
+            for setting, arm in pairs:
+                if seed < need[setting, arm] and (not arms or arm in arms):
+                    keys = run_config(tier, setting, arm, seed, rates[setting, arm])
+                    keys |= extra or {}
+                    if keys.get("dataset") in data_dirs:
+                        keys["data-dir"] = data_dirs[keys["dataset"]]
+                    spec = RunSpec(tier, setting, arm, seed, keys)
+                    runs.setdefault(spec.hash, spec)
+    local = sorted({s.keys.get("dataset") for s in runs.values()} & set(LOCAL_DATASETS))
+    if "data-dir" in (extra or {}) and len(local) > 1:
+        raise SystemExit(f"claims: --set data-dir gives one folder to the runs of "
+                         f"{' and '.join(local)}; give each its own: "
+                         + " ".join(f"--data-dir {d}=DIR" for d in local))
+    return list(runs.values())
+
+
+# the data sets read from a local 'data-dir' (fedtune_app/data/sources.py)
+LOCAL_DATASETS = ("domainnet", "nico++")
+
+
+def parse_data_dirs(given: list[str]) -> dict[str, str]:
+    """``--data-dir DATASET=DIR`` options -> {dataset: dir}."""
+    out = {}
+    for item in given:
+        name, sep, folder = item.partition("=")
+        if not sep or name not in LOCAL_DATASETS or not folder:
+            raise SystemExit(f"claims: --data-dir {item!r}: expected DATASET=DIR with DATASET "
+                             f"one of {', '.join(LOCAL_DATASETS)}")
+        out[name] = folder
+    return out
+
+
+def _check_arms(arms) -> None:
+    unknown = sorted(set(arms or ()) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"claims: no arm {', '.join(map(repr, unknown))} (arms: "
+                         f"{', '.join(ARMS)})")
+
+
+# ---------------------------------------------------------------- learning rates
+
+@dataclass(frozen=True)
+class RateChoice:
+    """One arm's rate in one setting: ``means`` (rate -> mean primary metric on validation over
+    the tuning seeds in, points), ``lr`` by the registry's rule once every rate has every tuning
+    seed (else None), ``best_round``: the round of the chosen rate's highest mean validation
+    curve (the report reads the claim runs' test accuracy there)."""
+
+    lr: float | None
+    means: dict = field(default_factory=dict)
+    seeds: dict = field(default_factory=dict)  # rate -> tuning seeds in
+    best_round: int | None = None
+
+
+def choose_rate(means: dict) -> float:
+    """``LR_RULE``: the highest mean; means equal to 0.01 points go to the smaller rate."""
+    rounded = {lr: round(m, 2) for lr, m in means.items()}
+    top = max(rounded.values())
+    return min(lr for lr, m in rounded.items() if m == top)
+
+
+def plan_tuning(patterns: list[str] = (), tier: str = "mini",
+                arms: list[str] | None = None) -> list[RunSpec]:
+    """Every tuning run the claims need: each (setting, arm) at each rate of the grid on each
+    tuning seed, seed-major."""
+    if tier not in reg.LR_GRID:
+        raise SystemExit(f"claims: tier {tier!r} has no learning-rate grid (tiers that tune: "
+                         f"{', '.join(reg.LR_GRID)}); it runs {reg.PAPER_LR:g} untuned")
+    _check_arms(arms)
+    runs: dict[str, RunSpec] = {}
+    pairs = tier_pairs(match_claims(list(patterns), tier))
+    for seed in reg.TUNING_SEEDS:
+        for setting, arm in pairs:
+            if arms and arm not in arms:
+                continue
+            for lr in reg.LR_GRID[tier]:
+                spec = RunSpec(tier, setting, arm, seed,
+                               tuning_config(tier, setting, arm, seed, lr), "tuning")
+                runs.setdefault(spec.hash, spec)
+    return list(runs.values())
+
+
+def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
+    """(setting, arm) -> ``RateChoice`` from the stored tuning records, by the registry's rule."""
+    by_hash = records_by_hash(store / "tuning" / tier)
+    pairs = pairs if pairs is not None else tier_pairs(
+        [c for c in reg.CLAIMS.values() if tier in tiers_of(c)])
+    out = {}
+    for setting, arm in pairs:
+        runs = {lr: [by_hash[h] for seed in reg.TUNING_SEEDS
+                     if (h := hash_or_none(tier, setting, arm, seed, lr, tuning=True)) in by_hash]
+                for lr in reg.LR_GRID[tier]}
+        means = {lr: float(np.mean([primary_points(r) for r in rs])) for lr, rs in runs.items()
+                 if rs}
+        complete = all(len(rs) == len(reg.TUNING_SEEDS) for rs in runs.values())
+        lr = choose_rate(means) if complete else None
+        best = None
+        if lr is not None:
+            curve = cs.mean_curve([curve_points(r) for r in runs[lr]])
+            best = max(curve, key=lambda point: point[1])[0]
+        out[setting, arm] = RateChoice(lr, means, {k: len(v) for k, v in runs.items()}, best)
+    return out
+
+
+def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned"
+                 ) -> dict[tuple[str, str, int], dict]:
+    """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
+    (a setting shares the runs of another with the same keys), at each arm's rate."""
+    by_hash = records_by_hash(store / "runs" / tier)
+    out = {}
+    if not by_hash:
+        return out
+    pairs = tier_pairs([c for c in reg.CLAIMS.values() if tier in tiers_of(c)])
+    rates = arm_rates(tier, pairs, lr_mode, store)
+    for setting_id, arm in sorted(pairs):
+        if (setting_id, arm) not in rates:
+            continue  # not tuned yet
+        for seed in range(MAX_SEEDS):
+            spec_hash = hash_or_none(tier, setting_id, arm, seed, rates[setting_id, arm])
+            if spec_hash in by_hash:
+                out[setting_id, arm, seed] = by_hash[spec_hash]
+    return out
+
+

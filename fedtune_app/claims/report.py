@@ -1,0 +1,404 @@
+"""docs/claims.md and the README's verdict table, from the stored records."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fedtune_app.claims import registry as reg
+from fedtune_app.claims import stats as cs
+from fedtune_app.claims.claim_text import (
+    ARM_HEADER,
+    arm_row,
+    ci_text,
+    claim_section,
+    effect_text,
+    p_text,
+    paper_text,
+    verdict_rows,
+    verdict_text,
+)
+from fedtune_app.claims.planning import load_records, plan_runs, tier_pairs, tuned_rates
+from fedtune_app.claims.plots import plot_setting
+from fedtune_app.claims.registry import (
+    ARMS,
+    CPU_BASE,
+    CPU_GROUPS,
+    METRIC_NOTE,
+    SETTINGS,
+)
+from fedtune_app.claims.store import (
+    README,
+    README_BEGIN,
+    README_END,
+    REPORT,
+    STORE,
+    TIERS,
+    code_commit,
+    cost_to_do,
+    made_by_older_code,
+    record_method,
+    run_cost,
+)
+from fedtune_app.claims.verdicts import GAP_TARGET, READ_AT_ROUNDS, evaluate, setting_gap
+from fedtune_app.tools.fingerprint import code_fingerprints
+
+CONTINUE = {"mini": "fedtune claims tune --tier mini && fedtune claims run --tier mini",
+            "cpu": "OMP_NUM_THREADS=1 fedtune claims run --tier cpu",
+            "gpu": "fedtune claims run --tier gpu",
+            "paper": "fedtune claims run --tier paper --data-dir nico++=/data/nico "
+                     "--data-dir domainnet=/data/domainnet"}
+
+
+def _continue(tier: str) -> str:
+    return CONTINUE.get(tier, f"fedtune claims run --tier {tier}")
+
+
+def _grid(tier: str) -> str:
+    return ", ".join(f"{x:g}" for x in reg.LR_GRID[tier])
+
+
+TIER_TITLE = {"mini": "the papers' design in miniature",
+              "cpu": "label skew, a setting the papers did not run",
+              "gpu": "the papers' depth on real weights", "paper": "the papers' own presets"}
+TIER_TEXT = {
+    "mini": "The papers' design in miniature: a 12-block ViT pretrained offline (a stand-in for "
+            "the papers' ImageNet weights, which no package here ships) on six domains, one "
+            "client per domain and every class on every client (FedRA's and FedBRICK's feature "
+            "skew), the papers' capacity profiles unscaled (12,10,8,6,4,3; 6*6; 4*6; 10*6; "
+            "10,10,6,6,4,4; U[1,12] each round with AllSmall on 3; FedBRICK's 12,10,8,6,5,4), "
+            "AllLarge and AllSmall as the papers define them; the LoRA-rank papers' headline "
+            "comparisons on the same model and splits with all 12 blocks on every client and "
+            "LoRA ranks 8,8,4,4,2,2 or 8 on all (our profiles: only their abstracts could be "
+            "read), the gate FedIT with every client at rank 8 against rank 2: presets "
+            "`conf/mini.toml` (depth and rank methods) and `conf/mini-groups.toml` "
+            "(HeteroTune's model groups: ViTs of several widths pretrained the same way, on "
+            "the same domains). "
+            f"{reg.TIER_SEEDS['mini']} paired seeds per claim. Each arm's rate is chosen once per "
+            "setting on the validation split carved from the training pool "
+            f"(`evaluation-split = \"validation\"`) from {{{_grid('mini')}}} on seeds "
+            f"{', '.join(map(str, reg.TUNING_SEEDS))} (no claim uses them): {reg.LR_RULE}. "
+            "Calibration on the validation split (seed 100; [calibration-mini.md]"
+            "(claims/calibration-mini.md)): AllLarge - AllSmall 41.1 points after 60 rounds "
+            "(depth; AllLarge flat on that seed, AllSmall still rising 1.5 points over its last "
+            "20% of rounds) and 24.0 after 30 (widths; not flat); the gate judges convergence "
+            "again over the claims' seeds. Over ten seeds the rising arms are not flat by the "
+            "gate's rule at 60 rounds, and more rounds would not make them so inside the "
+            "budget (the record says why), so those claims read **not converged**: their "
+            "Holm-adjusted p, what the test alone says and the difference read at each of the "
+            "last five evaluations are shown instead of a verdict.",
+    "cpu": "Label skew, a setting the papers did not run (they ran feature skew: every client "
+           "holds every class). all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on "
+           f"BBC News: {CPU_BASE['train-subset']} training articles (stratified subset of the "
+           "fixed 80/20 split; 5% of them held out as FedBRICK's server proxy for every method) "
+           "over 6 clients with Dirichlet(0.5) label skew, the whole test split (445 articles), "
+           f"{CPU_BASE['max-length']} tokens, batch {CPU_BASE['batch-size']}, 1 local epoch, SGD "
+           "lr 0.01 (momentum 0.9, weight decay 1e-5, clip 10) for every method: the papers' own "
+           "rate, never tuned, "
+           f"{CPU_BASE['num-server-rounds']} rounds, evaluated every "
+           f"{CPU_BASE['eval-every']} (the rounds were chosen by a pilot read on the test set). "
+           "Capacity shapes of each table scaled from 12 to 6 "
+           "blocks (each setting says how). The model-group (HeteroTune) settings: "
+           f"{CPU_GROUPS['model-groups'].replace(';', ' + ')} on the same articles, "
+           f"Dirichlet({CPU_GROUPS['dirichlet-alpha']}) label skew (at least "
+           f"{CPU_GROUPS['min-partition-size']} articles a client), "
+           f"{CPU_GROUPS['local-epochs']} local epochs, {CPU_GROUPS['num-server-rounds']} rounds "
+           f"evaluated every {CPU_GROUPS['eval-every']}, the same rate; Homo, AllLarge, "
+           "AllSmall, FedDF and FlexiFed fine-tune whole models, HeteroTune, pFedLoRA and FedMD "
+           "adapters and heads (HeteroTune Table 2's reading).",
+    "gpu": "The papers' depth on real weights: the `mpnet-*` presets (all-mpnet-base-v2, 12 "
+           "blocks x 768, BBC News, 256 tokens, 100 rounds, batch 128, lr 0.01) and the "
+           "HeteroTune decoder presets (`heterotune-t3-glue-*`: LLaMA-3.2-1B + 3B, bf16, GLUE "
+           "from the hub). Needs a CUDA GPU, `make assets` (MPNet), and for the LLaMA rows the "
+           "hub (or the models and GLUE saved locally). Cost, measured on one H200 "
+           "(`benchmarks/bench_claims_cost.py`, docs/performance.md): about 12.5 hours for the "
+           "116 FedRA and FedBRICK runs (2-13 minutes each) and about 72 hours for the 27 "
+           "HeteroTune runs other than FedDF's (1-6 hours each: 20 local epochs a round).",
+    "paper": "The papers' own presets: ViT-B/16 (timm hub) on NICO++ / DomainNet under "
+             "`data-dir`, CIFAR-10 from the hub for HeteroTune. Needs the data, the hub and a GPU.",
+}
+
+HOW_TO_READ = (
+    "How to read it. Every method of a claim runs on the same seeds; a seed fixes the partition, "
+    "the training subset, the allocation and capacity draws, the client sampling and the "
+    "initial adapters for all of them, so each seed gives one paired difference (claimed side "
+    "minus the other). The statistical plan is fixed in `fedtune_app/claims/registry.py` "
+    "before any run: each claim's seed count (no verdict, only **running**, until all are in), "
+    "its direction and margin (with the margin's reason), the learning-rate grid and rule. "
+    f"**Primary metric**: the mean of a run's last {cs.LAST_EVALUATIONS} evaluations; the final "
+    "round and the round chosen on the validation split (tuned tiers) are shown beside it, never "
+    "the best round on the test set. **Tests** (scipy), each at "
+    f"alpha = {cs.ALPHA:g}: 'greater' a two-sided paired t-test with its 95% interval; 'within "
+    "m' (non-inferiority) and 'similar within m' (equivalence, two one-sided tests) one-sided, "
+    "with 90% intervals; the **Holm** column adjusts the p-values over every claim the tier "
+    f"plans (family-wise error {cs.ALPHA:g}; a claim without all its seeds counts as p = 1, a "
+    "claim equal to another once), and a verdict (**reproduced** / **refuted**) needs the "
+    "adjusted p below it, else **inconclusive**; a claim whose gate fails gets no verdict, only "
+    "what its test alone would say. **Detectable**: the "
+    f"smallest difference (for 'within' / 'similar': margin) the claim's seeds establish with "
+    f"{cs.POWER:.0%} power at the observed spread, from the exact noncentral t "
+    "(`scipy.stats.nct`). **Effect size**: whether the paper's difference lies inside our "
+    "interval (consistent), above it (ours smaller) or below it (ours larger); and the "
+    "difference over the setting's AllLarge - AllSmall gap beside the paper's same ratio (n/a "
+    "where the paper reports no AllSmall); a paper whose difference could not be read here "
+    "(only its abstract) shows \"not readable\" and no position. **The gate**, in three "
+    "parts: (1) every arm converged: per seed the mean over the last 20% of rounds minus the "
+    f"mean over the 20% before, its 95% interval's upper end below {cs.FLAT_POINTS:g} point, "
+    "else **not converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% "
+    "interval, lower end) above the claim's detectable difference, else **setting not "
+    "discriminative**; (3) an arm whose final evaluation is below AllSmall's, or more than "
+    f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**, "
+    "naming each such arm and the part it tripped (with model groups, where each group's "
+    "model sees only its clients' domains, an arm can sit below AllSmall from the first "
+    "evaluation to the last: a weak arm there, not a drift). "
+    "On a tier with a fixed seed count, a setting whose mean AllLarge - AllSmall is under the "
+    f"{GAP_TARGET:g} points it was calibrated to reach flags its claims' verdicts too (the "
+    "tier's design target, beside the gate's part (2), which was fixed per claim before the "
+    "runs). "
+    f"**Read at single rounds**: each claim's difference is also shown at each of its last "
+    f"{READ_AT_ROUNDS} evaluations with the side of the boundary its interval lies on "
+    "(unadjusted: a check that the answer does not depend on the round it is read at, not a "
+    "test). "
+    "**Test-set error**: a seed redraws the training data, not the test set, so the test set's "
+    "own sampling error is shown beside the seeds' spread: a bootstrap over test examples where "
+    "the records keep which examples each run got right, else the binomial bound "
+    "sqrt(sum p (1 - p) / n). " + METRIC_NOTE)
+
+
+def owner_test_section(store: Path) -> list[str]:
+    """The label-skew tier's mechanism, from ``owner``'s record."""
+    path = store / "label-skew-owner-test.json"
+    if not path.is_file():
+        return []
+    t = json.loads(path.read_text())
+    lines = ["### Why baselines collapse here: the owner test", "",
+             f"Under label skew the one client holding all blocks is the only one that trains the "
+             f"deepest block, so the full-depth model learns that client's labels. The test: "
+             f"`{t['setting']}`, {t['arm']}, seed {t['seed']}, run twice "
+             "(`python -m fedtune_app.claims.owner`, in-process, about 2.5 minutes a run "
+             f"on one thread; code fingerprint `{t['fingerprint']}`).", "",
+             "| arrangement | capacities | final % | peak % (round) | per-class final | "
+             "per-class at peak | seconds |", "|---|---|---|---|---|---|---|"]
+    names = t["runs"][0]["class-names"]
+    for r in t["runs"]:
+        per = lambda d: ", ".join(f"{n} {d[str(i)]:.2f}" for i, n in enumerate(names))  # noqa
+        lines.append(f"| {r['arrangement']} | {r['capacities']} | {100 * r['final']:.1f} | "
+                     f"{100 * r['peak']:.1f} ({r['peak-round']}) | {per(r['final-per-class'])} | "
+                     f"{per(r['peak-per-class'])} | {r['seconds']:.0f} |")
+    labels = t["runs"][0]["client-labels"]
+    lines += ["", "Each client's training articles per class (" + ", ".join(names) + "): "
+              + "; ".join(f"client {k} {v}" for k, v in labels.items()) + ".", ""]
+    return lines
+
+
+def older_code_section(tier: str, records: dict) -> list[str]:
+    """Records not made by the code of this checkout: their fingerprint differs from their
+    method's (``fingerprint``) or is absent."""
+    current = code_fingerprints()
+    used = {r["hash"]: r for r in records.values()}
+    old = sorted((r for r in used.values() if made_by_older_code(r, current[record_method(r)])),
+                 key=lambda r: (r.get("commit", ""), r.get("file", "")))
+    methods = sorted({record_method(r) for r in used.values()})
+    now = ", ".join(f"{m} `{current[m]}`" for m in methods)
+    if not old:
+        return [f"Every record of tier `{tier}` was made by this checkout's code (its method's "
+                f"fingerprint: {now}).", ""]
+    by_commit: dict = {}
+    for r in old:
+        by_commit.setdefault((r.get("commit", "?"), r.get("fingerprint", "none")), []).append(r)
+    lines = [f"{len(old)} of the {len(used)} records of tier `{tier}` were made by older code "
+             "than this checkout's (a record's fingerprint against its method's now: the "
+             "package's sources but its tools and the other methods' modules; " + now + "). "
+             f"`fedtune claims run --tier {tier} --rerun-older` runs them again (`--dry-run` "
+             "first: what it costs). By the commit and fingerprint they record:", "",
+             "<details><summary>the "
+             "records</summary>", ""]
+    for (commit, fp), rs in by_commit.items():
+        lines.append(f"- commit `{commit}`, fingerprint `{fp}`: "
+                     + ", ".join(f"`{r.get('file', r['hash'])}`" for r in rs))
+    return lines + ["", "</details>", ""]
+
+
+def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
+                 readme: Path | None = README) -> str:
+    """docs/claims.md (and the curves' PNGs next to it) from the stored run records; the
+    README's verdict table too (``readme=None``: not)."""
+    lines = ["# The papers' claims: verdicts", "",
+             f"Generated by `fedtune claims report` at code commit `{code_commit()}` from the run "
+             "records in "
+             "`docs/claims/runs/` and `docs/claims/tuning/`. Continue a campaign (finished runs "
+             "are reused by the hash of their run config) and regenerate:", "", "```bash"]
+    lines += [_continue(t) for t in tiers] + ["fedtune claims report", "```", "", HOW_TO_READ,
+                                              "", "Update screening is **off** in every claim "
+                                              "run (the papers ran none).", ""]
+    for tier in tiers:
+        lines += tier_section(tier, store, out)
+    out.write_text("\n".join(lines) + "\n")
+    if readme is not None and readme.is_file():
+        update_readme(readme, tiers, store)
+    return str(out)
+
+
+def tier_section(tier: str, store: Path, out: Path) -> list[str]:
+    records = load_records(tier, store)
+    rows = evaluate(tier, store, records)
+    claims = [r["claim"] for r in rows]
+    choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
+    at_paper_rate = ({r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
+                     if tier in reg.LR_GRID else None)
+    lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
+    if not records:
+        lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
+                  f"`{_continue(tier)}`.", ""]
+    lines += (verdict_rows(rows, at_paper_rate) + [""] + tier_summary(rows, records)
+              + tier_cost(tier, records, store))
+    if choices:
+        lines += [f"### Learning rates of tier `{tier}`", "",
+                  f"Rule (fixed before any run): {reg.LR_RULE}. Validation means (points) per "
+                  "rate; `-`: tuning runs not all in.", "",
+                  "| setting | arm | chosen lr | " + " | ".join(
+                      f"lr {x:g}" for x in reg.LR_GRID[tier]) + " | best validation round |",
+                  "|---|---|---|" + "---|" * len(reg.LR_GRID[tier]) + "---|"]
+        for (st, arm), ch in choices.items():
+            means = " | ".join(f"{ch.means[x]:.2f} ({ch.seeds[x]})" if x in ch.means else "-"
+                               for x in reg.LR_GRID[tier])
+            lines.append(f"| `{st}` | {arm} | {'-' if ch.lr is None else f'{ch.lr:g}'} | "
+                         f"{means} | {ch.best_round or '-'} |")
+        lines.append("")
+    if records:
+        lines += [f"### Settings of tier `{tier}`", ""]
+        for st in SETTINGS:
+            if tier not in SETTINGS[st].tiers:
+                continue
+            arms = sorted({a for (s, a, _) in records if s == st}, key=list(ARMS).index)
+            own = [a for a in arms if a not in (SETTINGS[st].reference, SETTINGS[st].small)]
+            if not own:  # only the gate's runs, shared with another setting: shown there
+                continue
+            gap, seeds = setting_gap(st, records)
+            lines += [f"#### `{st}`", "", SETTINGS[st].shape + ".", ""]
+            lines.append("AllLarge - AllSmall (primary metric, paired): "
+                         + (f"{ci_text(gap)} points over seeds {', '.join(map(str, seeds))}."
+                            if gap else "not run on a common seed yet.")
+                         + (f" The tier's design target, at least {GAP_TARGET:g} points: "
+                            + ("met." if gap.mean >= GAP_TARGET else "**not met**: the "
+                               "setting is not discriminative by it, and its claims say so.")
+                            if gap and tier in reg.TIER_SEEDS else ""))
+            png = store / f"{tier}-{st}.png"
+            if plot_setting(tier, st, records, png):
+                lines += ["", f"![{st}]({png.relative_to(out.parent).as_posix()})"]
+            lines += [""] + ARM_HEADER
+            for arm in arms:
+                rs = [records[k] for k in sorted(records) if k[0] == st and k[1] == arm]
+                lines.append(arm_row(arm, rs, choices.get((st, arm))))
+            lines.append("")
+    if tier == "cpu":
+        lines += owner_test_section(store)
+    if records or tier in reg.LR_GRID:  # the mini tier shows its plan before any record
+        lines += [f"### Claims of tier `{tier}`", ""]
+        for row in rows:
+            lines += claim_section(row, tier, choices,
+                                   (at_paper_rate or {}).get(row["claim"].id))
+    if records:
+        lines += [f"### Records of tier `{tier}` and the code that made them", ""]
+        lines += older_code_section(tier, records)
+    return lines
+
+
+DETECTABLE_TARGET = 3.0  # points: the median detectable difference a tier should reach
+SECONDS_TARGET = 120  # a run's budget on one idle core
+TIER_HOURS_TARGET = 12  # core-hours: every claim run of a tier at its seed count
+
+
+def tier_summary(rows: list[dict], records: dict) -> list[str]:
+    """How far the tier's campaign is, and its two cost targets: the median detectable
+    difference over the claims with every seed in, and the slowest arm's mean run time (with a
+    fixed seed count: how many runs, and which arms on average, exceed the run-time target)."""
+    if not records:
+        return []
+    counts: dict = {}
+    for row in rows:
+        counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
+    done = [row["verdict"].detectable for row in rows  # a claim equal to another: once
+            if row["tested"] and not row["claim"].same_as
+            and math.isfinite(row["verdict"].detectable)]
+    per_arm: dict = {}
+    seen: set = set()  # a run shared by settings (AllLarge) counts under the first
+    order = list(SETTINGS)
+    for (st, arm, _), r in sorted(records.items(), key=lambda kv: order.index(kv[0][0])):
+        if r.get("file", id(r)) not in seen:
+            seen.add(r.get("file", id(r)))
+            per_arm.setdefault((st, arm), []).append(run_cost(r))
+    means = sorted(((float(np.mean(v)), k) for k, v in per_arm.items()), reverse=True)
+    # the cost targets are the tiers' with a fixed seed count (mini), built to meet them
+    targets = bool(rows) and rows[0]["tier"] in reg.TIER_SEEDS
+    text = ("Campaign: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". ")
+    if done:
+        text += (f"Median detectable difference over the {len(done)} claims with every seed "
+                 f"in: {float(np.median(done)):.2f} points"
+                 + (f" (target at most {DETECTABLE_TARGET:g}). " if targets else ". "))
+    slow, (slow_setting, slow_arm) = means[0]
+    text += f"Slowest arm: {slow_arm} in `{slow_setting}`, {slow:.0f} s a run on average"
+    if targets:
+        runs = [c for v in per_arm.values() for c in v]
+        over = [f"{arm} in `{st}` {mean:.0f} s" for mean, (st, arm) in means
+                if mean > SECONDS_TARGET]
+        text += (f" (target at most {SECONDS_TARGET} s on one idle core): "
+                 f"{sum(c > SECONDS_TARGET for c in runs)} of the {len(runs)} runs over it"
+                 + ("; arms over it on average: " + ", ".join(over) if over else "")
+                 + ". CPU seconds where a record keeps them, else wall seconds.")
+    else:
+        text += " (CPU seconds where a record keeps them, else wall seconds)."
+    return [text, ""]
+
+
+def tier_cost(tier: str, records: dict, store: Path = STORE) -> list[str]:
+    """A tier's core-hours against its budget: its distinct claim runs in, those still to do at
+    the stored seconds of the same arm, and its tuning runs (tiers with a fixed seed count)."""
+    if tier not in reg.TIER_SEEDS:
+        return []
+    spent = {r["file"]: run_cost(r) for r in records.values()}  # a shared run counts once
+    # the distinct runs of the tier's claims; which runs share does not depend on the rate
+    plan = plan_runs([], tier, store=store, lr_mode="paper")
+    todo = [s for s in plan if (s.setting, s.arm, s.seed) not in records]
+    known, unknown = cost_to_do(todo, store)
+    tuning = sum(run_cost(json.loads(p.read_text()))
+                 for p in (store / "tuning" / tier).glob("*.json"))
+    return [f"Cost: the {len(spent)} claim runs in took {sum(spent.values()) / 3600:.1f} "
+            f"core-hours; the {len(todo)} still to do, about {known / 3600:.1f} more at the "
+            "stored seconds of the same arm"
+            + (f" ({unknown} runs of arms with no stored run not counted)" if unknown else "")
+            + f"; target: all of them in about {TIER_HOURS_TARGET} core-hours. The tuning runs "
+            f"so far: {tuning / 3600:.1f} core-hours.", ""]
+
+
+def verdict_table(tier: str, store: Path = STORE) -> list[str]:
+    """The compact verdict table of one tier (the README quotes it)."""
+    lines = ["| claim | paper | paper's difference | ours (CI) | paper's against ours | Holm p "
+             "| seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
+    records = load_records(tier, store)
+    rows = evaluate(tier, store, records)
+    for row in rows:
+        c, v = row["claim"], row["verdict"]
+        lines.append(f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | "
+                     f"{ci_text(v.difference)} | {effect_text(row)[0]} | {p_text(v.p_holm)} | "
+                     f"{len(row['seeds'])}/{row['need']} | {verdict_text(row)} |")
+    return lines + [""] + tier_summary(rows, records)[:1]
+
+
+def update_readme(readme: Path, tiers=TIERS, store: Path = STORE) -> None:
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    body = [f"Generated by `fedtune claims report` at code commit `{code_commit()}` from "
+            "docs/claims.md's records (difference in accuracy points, claimed side minus the "
+            "other; primary metric: the mean of the last three evaluations)."]
+    for tier in [t for t in ("mini", "cpu") if t in tiers]:
+        body += ["", f"Tier `{tier}`: {TIER_TITLE[tier]}.", ""] + verdict_table(tier, store)
+    readme.write_text(head + README_BEGIN + "\n" + "\n".join(body) + "\n" + README_END + tail)
+
+
