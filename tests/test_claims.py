@@ -101,14 +101,26 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     """The lr-0.01 column: the size of the effect first (differences 10, 9, 8: mean 9, s 1,
     95% half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321 = 2.48), then the verdict."""
     rows = _rows(hand_tier)
-    # InclusiveFL (70, 72, 74) ends below AllSmall (79, 78, 77): the flag follows the verdict
-    text = ("9.00 ± 2.48 (95%): **reproduced**; driven by a collapsing baseline "
-            "(inclusivefl: below AllSmall)")
+    # InclusiveFL (70, 72, 74) below AllSmall (79, 78, 77): -9, -6, -3, mean -6, s 3,
+    # 95% half-width 4.3027 x 3 / sqrt(3) = 7.45: a finding beside the verdict
+    text = ("9.00 ± 2.48 (95%): **reproduced**; no better than the smallest model on every "
+            "client: inclusivefl -6.00 ± 7.45 against AllSmall")
     assert claim_text.beside_text(rows["t-a"]) == text
     table = claim_text.verdict_rows(list(rows.values()), {"t-a": rows["t-a"]})
-    assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict |")
-    assert table[2].endswith(f"| {text} |")
-    assert table[3].endswith("| - |")  # a claim with nothing at 0.01
+    assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict | robustness |")
+    # the same verdict and sign at 0.01: robust to the rate; the other checks not run
+    assert table[2].endswith(f"| {text} | robust to the learning rate (+9.00 tuned, +9.00 at "
+                             f"0.01); {reg.NOT_CHECKED} |")
+    assert table[3].endswith("| - | - |")  # a claim with nothing at 0.01
+    # at 0.01 the difference turns: sensitive, with both numbers
+    other = dict(hand_tier)
+    for s in range(3):
+        other["t-hand", "inclusivefl", s] = _flat(90.0 + 2 * s)  # differences -10, -11, -12
+    at_paper = _rows(other)["t-a"]
+    assert at_paper["verdict"].verdict == cs.REFUTED
+    assert claim_text.robustness(rows["t-a"], at_paper) == (
+        f"**sensitive to the learning rate** (reproduced -> refuted; +9.00 tuned, -11.00 at "
+        f"0.01); {reg.NOT_CHECKED}")
     # the claim's section: each arm at 0.01 (FedRA 80, 81, 82: 81 ± 2.48; InclusiveFL 70, 72,
     # 74: s 2, 72 ± 4.97), then the same difference and verdict, and the command
     assert claim_text.claim_section(rows["t-a"], "t", {}, rows["t-a"])[-2] == (
@@ -158,19 +170,23 @@ def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     for s in range(3):
         records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 78, 78])
     row = _rows(records)["t-a"]
-    assert row["verdict"].verdict == cs.NOT_CONVERGED
-    # no verdict, but the test still counts: primaries 80 + s against 76.67, differences
+    # the arm still rises, which withholds nothing: primaries 80 + s against 76.67, differences
     # 3.33, 4.33, 5.33 (mean 13/3, s 1): t^2 = 169 / 3, p = 1 - sqrt(169 / 175) = 0.017292;
-    # Holm x 2 = 0.034584 < 0.05: the test alone says reproduced
+    # Holm x 2 = 0.034584 < 0.05: reproduced at the primary metric. But the difference moves:
+    # rounds 36-40 (the last 20% of 40) against 28-32: (2 + s) - (8 + s) = -6 on every seed;
+    # the primary interval 4.33 ± 2.48 (low 1.85) moved down by 6 crosses 0: unstable
     assert row["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(169 / 175)), rel=1e-9)
-    assert row["test_alone"] == cs.REPRODUCED
-    assert "the test alone: reproduced" in claim_text.verdict_text(row)
+    assert row["trend"].mean == pytest.approx(-6.0) and "test_alone" not in row
+    assert row["verdict"].verdict == cs.UNSTABLE
+    assert row["verdict"].reason == (
+        "reproduced at the primary metric, but the difference moved -6.00 points (95% CI -6.00 "
+        "to -6.00) over the last window; moved by it, the interval (-4.15, 6.82) leaves the "
+        "verdict's side")
     # read at single rounds 24-40: InclusiveFL 70, 70, 74, 78, 78 against FedRA 80 + s: the
     # differences 10 + s, 10 + s, 6 + s, 2 + s, 2 + s, each with s = 1 (± 2.48): all above 0
     assert [(r, ci.mean) for r, ci in row["by_round"]] == [
         (24, 11.0), (28, 11.0), (32, 7.0), (36, 3.0), (40, 3.0)]
     assert "the same side at every one" in claim_text.by_round_text(row)
-    assert "same side at each of the last 5 evaluations" in claim_text.verdict_text(row)
     for s in range(3):  # it ends at 82: 80 + s - 82 = -2, -1, 0 at rounds 36 and 40 (-1 ± 2.48)
         records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70, 74, 82, 82])
     row = _rows(records)["t-a"]
@@ -180,28 +196,37 @@ def test_no_verdict_before_every_seed_and_the_gate(hand_tier):
     records = dict(hand_tier)
     for s in range(3):
         records["t-hand", "all-large", s] = _flat(80.0)  # gap 1, 2, 3: low end 2 - 2.48 < 3.26
-    assert _rows(records)["t-a"]["verdict"].verdict == cs.NOT_DISCRIMINATIVE
+    row = _rows(records)["t-a"]
+    assert row["verdict"].verdict == cs.NOT_DISCRIMINATIVE
+    # no verdict, but the test still counts, and its difference is stable (flat curves)
+    assert row["test_alone"] == cs.REPRODUCED
+    assert ("the test alone: reproduced, on the same side at each of the last 5 evaluations"
+            in claim_text.verdict_text(row))
 
 
-def test_a_collapsing_arm_flags_the_verdict(hand_tier):
+def test_collapse_is_read_on_validation_and_below_allsmall_is_its_own_finding(hand_tier):
+    """An arm that peaks and falls on the *test* curve is not called collapsed (the test set
+    decides nothing); on its validation curves (the tuning runs at its rate) it is."""
     records = dict(hand_tier)
-    # InclusiveFL peaks at 95 and ends at 70 + 2s: more than 5 points under its own best, and
-    # under AllSmall (79 - s)
+    # InclusiveFL peaks at 95 on the test curve and ends at 70 + 2s
     for s in range(3):
         records["t-hand", "inclusivefl", s] = _flat(70.0 + 2 * s, tail=[95] + [70 + 2 * s] * 5)
-    row = _rows(records)["t-a"]
-    assert row["verdict"].verdict == cs.REPRODUCED and "inclusivefl" in row["collapse"]
-    assert cs.COLLAPSING in claim_text.verdict_text(row)
-    # withheld by the gate, the test alone still names the collapsing arm
-    gated = row | {"verdict": cs.Verdict(cs.NOT_CONVERGED, reason="fedra", flags=("x",)),
-                   "test_alone": cs.REPRODUCED}
-    assert claim_text.verdict_text(gated).endswith(
-        f"last 5 evaluations; {cs.COLLAPSING} (inclusivefl: below AllSmall and under its own best)")
-    # the flag says which part of the gate each arm tripped
-    both = {"a": "final -2.00 points against AllSmall; final -6.00 points under its own best",
-            "b": "final -1.00 points against AllSmall"}
-    assert claim_text._collapse_kinds(both) == ("a: below AllSmall and under its own best, "
-                                                "b: below AllSmall")
+    claim = reg.CLAIMS["t-a"]
+    row = verdicts.evaluate_claim(claim, "t", records)
+    assert row["collapse"] == {}
+    # validation curves: best 95 and 93, finals 70 and 72: -25 and -21, -23 on average
+    falls = [_flat(70.0, tail=[95] + [70] * 5), _flat(72.0, tail=[93] + [72] * 5)]
+    row = verdicts.evaluate_claim(claim, "t", records, None, {("t-hand", "inclusivefl"): falls})
+    assert row["collapse"] == {"inclusivefl": pytest.approx(-23.0)}
+    # 4 points under the best: no collapse
+    dips = [_flat(70.0, tail=[74] + [70] * 5)] * 2
+    assert verdicts.validation_collapse({("t-hand", "fedra"): dips}, "t-hand", "fedra") is None
+    # below AllSmall: InclusiveFL's primaries 70 + 2s against 79 - s: -9, -6, -3
+    assert row["below_small"]["inclusivefl"].mean == pytest.approx(-6.0)
+    assert "fedra" not in row["below_small"]  # 1, 3, 5 above it
+    text = claim_text.findings_text(row)
+    assert text == (f"; {cs.COLLAPSED}: inclusivefl -23.00 points from its best; "
+                    f"{cs.NO_BETTER_THAN_SMALL}: inclusivefl -6.00 ± 7.45 against AllSmall")
 
 
 def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkeypatch):
@@ -211,7 +236,8 @@ def test_a_setting_under_the_tiers_gap_target_flags_its_claims(hand_tier, monkey
     row = _rows(hand_tier)["t-a"]
     assert row["below_target"] == ["t-hand"] and row["verdict"].verdict == cs.REPRODUCED
     assert claim_text.verdict_text(row).endswith(f"; {verdicts.BELOW_TARGET}")
-    gate = next(line for line in claim_text.claim_section(row, "t", {}) if "Gate (2)" in line)
+    gate = next(line for line in claim_text.claim_section(row, "t", {})
+                if "Gate, discrimination" in line)
     assert gate.endswith("a mean of at least 15 points: **not met** in `t-hand`.")
     records = dict(hand_tier)
     for s in range(3):  # AllLarge 94: the gap 15, 16, 17 (mean 16) meets it
@@ -269,7 +295,7 @@ def test_setting_table_row_shows_each_model_group_of_a_two_group_method():
     # curves: the last-20% gain is 0 on both seeds (interval 0 ± 0, converged)
     row = claim_text.arm_row("homo", [rec(0.6, 0.2, 100), rec(0.7, 0.3, 300)])
     assert row == ("| homo | 2 | 45.00 ± 63.53 | 45.00 ± 63.53 (smallest model 65.00 ± 63.53, "
-                   "largest 25.00 ± 63.53) | - | 0.00 ± 0.00 ok | +0.00 | 0.03 | 0 | 200 |")
+                   "largest 25.00 ± 63.53) | - | 0.00 ± 0.00 flat | +0.00 | 0.03 | 0 | 200 |")
     # one model on every client (AllLarge): both groups' figures are its own, nothing to add;
     # a record keeping its CPU seconds shows them beside the wall seconds
     assert claim_text.arm_row("all-large", [rec(0.9, 0.9, 10) | {"cpu-seconds": 8.4}]) == (
@@ -572,15 +598,16 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     diffs = [by_arm["fedra", s] - by_arm["all-small", s] for s in (0, 1)]
     row = next(r for r in verdicts.evaluate("smoke", store) if r["claim"].id == smoke_claim.id)
     assert row["seeds"] == [0, 1] and row["differences"] == pytest.approx(diffs)
-    # two rounds cannot show the last 20% of rounds flat: no verdict
-    assert row["verdict"].verdict == cs.NOT_CONVERGED
+    # two rounds cannot show the difference's trend: no reproduced / refuted verdict stands
+    assert row["trend"] is None
+    assert row["verdict"].verdict not in (cs.REPRODUCED, cs.REFUTED)
     err, how = row["test_error"]
     assert math.isfinite(err) and how == "bootstrap over test examples"
 
     report = tmp_path / "claims.md"
     reporting.write_report(("smoke",), report, store, readme=None)
     text = report.read_text()
-    assert f"`{smoke_claim.id}`" in text and cs.NOT_CONVERGED in text
+    assert f"`{smoke_claim.id}`" in text and f"**{row['verdict'].verdict}**" in text
     assert f"fedtune claims run {smoke_claim.id} --tier smoke" in text
     assert "was made by this checkout's code" in text
     # a record of older code is named by the report

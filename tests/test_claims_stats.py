@@ -151,14 +151,94 @@ def test_gate_convergence_window_means():
         cs.window_gain([(40, 1.0)])
 
 
-def test_gate_discrimination_and_collapse():
+def test_gate_discrimination_and_the_findings():
     gap = cs.Interval(20.0, 15.0, 25.0, 10, 7.0)
     assert cs.discriminates(gap, 3.0) is True and cs.discriminates(gap, 16.0) is False
-    # finals - AllSmall: -26.8 on average (59.0 vs 85.8): below AllSmall
-    assert "against AllSmall" in cs.collapse([59.0], [72.0], [85.8])
-    # 6 points under its best on average: collapsed; 4 points: not
-    assert "under its own best" in cs.collapse([80.0, 82.0], [86.0, 88.0], [50.0, 50.0])
-    assert cs.collapse([80.0, 82.0], [84.0, 86.0], [50.0, 50.0]) == ""
+    # validation finals 80, 82 against bests 86, 88: -6 on average, beyond 5: collapsed
+    assert cs.collapsed_on_validation([80.0, 82.0], [86.0, 88.0]) == pytest.approx(-6.0)
+    assert cs.collapsed_on_validation([80.0, 82.0], [84.0, 86.0]) is None  # -4
+    assert cs.below_small(cs.t_interval([-1.0, 1.0])) is True  # mean 0: no better
+    assert cs.below_small(cs.t_interval([0.5, 1.0])) is False
+
+
+# s = sqrt(3) / 2 over three seeds: s^2 / n = 0.25, and a test-set error of 0.5 adds 0.25:
+# se = sqrt(0.5) = 0.707107 on the seeds' 2 degrees of freedom, t(0.975, 2) = 4.302653
+# (tables): half-width 3.042436 (the seeds' alone: 4.302653 x 0.5 = 2.151327)
+S3 = math.sqrt(3) / 2
+HALF = 3.042436
+
+
+def test_combined_interval_adds_the_test_sets_error_to_the_seeds():
+    values = [2 - S3, 2.0, 2 + S3]
+    ci = cs.combined_interval(values, 0.5)
+    assert ci.std == pytest.approx(S3, rel=1e-12) and ci.test_se == 0.5
+    assert (ci.low, ci.high) == pytest.approx((2 - HALF, 2 + HALF), abs=2e-6)
+    assert cs.t_interval(values).half_width == pytest.approx(2.151327, abs=2e-6)
+    # without the test set's part (0, or unknown: NaN) it is the seeds' t interval
+    for none in (0.0, math.nan):
+        assert cs.combined_interval(values, none) == cs.t_interval(values)
+    # the interval and the test agree: a mean at the half-width gives p = 0.05
+    at_edge = [x - 2 + HALF for x in values]
+    assert cs.p_value(at_edge, "greater", 0.0, 0.5) == pytest.approx(0.05, abs=1e-6)
+    # the same differences with the seeds' error alone: a smaller p (t = 6.08 on 2 df)
+    assert cs.p_value(at_edge, "greater") < 0.05
+
+
+def test_bootstrap_over_digits_resamples_a_digits_renderings_together():
+    """Two domains that render the same 400 digits, scored alike (a run right on a digit in one
+    rendering is right in the other): the headline is then one domain's accuracy, whose
+    bootstrap variance is p (1 - p) / n = 0.25 / 400 (SE 2.5 points). Resampling each domain on
+    its own averages two independent draws instead: SE 2.5 / sqrt(2) = 1.768, too small."""
+    right = np.tile([1, 0], 200)
+    run = [[(1.0, [{"0": {"plain": right, "rotated": right.copy()}}])]]
+    # Monte Carlo error of a standard deviation from B = 20000 replicates: 0.5% relative
+    assert cs.bootstrap_se(run, 20000, clustered=True) == pytest.approx(2.5, rel=0.03)
+    assert cs.bootstrap_se(run, 20000) == pytest.approx(2.5 / math.sqrt(2), rel=0.03)
+    # renderings scored oppositely: the headline is 0.5 whatever digits are drawn
+    opposite = [[(1.0, [{"0": {"plain": right, "rotated": 1 - right}}])]]
+    assert cs.bootstrap_se(opposite, 2000, clustered=True) < 1e-10
+    with pytest.raises(ValueError, match="different sizes"):
+        cs.bootstrap_se([[(1.0, [{"0": {"a": right, "b": right[:10]}}])]], clustered=True)
+
+
+def _interval(mean, low, high):
+    return cs.Interval(mean, low, high, 10, 1.0)
+
+
+def test_a_verdict_stands_only_on_a_stable_difference():
+    """The registry's verdict rule, each case worked by hand."""
+    at = [_interval(2.0, 0.5, 3.5)] * 3  # above 0 at each of the last three evaluations
+    primary = _interval(2.0, 1.0, 3.0)
+    # the difference fell by at most 0.5 over the last window: low 1.0 - 0.5 = 0.5 > 0
+    assert cs.stable(cs.REPRODUCED, "greater", 0.0, primary, at, _interval(-0.1, -0.5, 0.3))
+    assert cs.stable(cs.REPRODUCED, "greater", 0.0, primary, at,
+                     _interval(0.5, 0.2, 0.8)) == (True, "")  # rising away from 0: no move
+    # it may have fallen by 1.5: low 1.0 - 1.5 = -0.5 crosses 0
+    ok, why = cs.stable(cs.REPRODUCED, "greater", 0.0, primary, at, _interval(-1, -1.5, -0.5))
+    assert not ok and "(-0.50, 3.00)" in why
+    # one of the last evaluations across 0
+    ok, why = cs.stable(cs.REPRODUCED, "greater", 0.0, primary,
+                        at[:2] + [_interval(0.5, -0.2, 1.2)], _interval(0, -0.1, 0.1))
+    assert not ok and "at 1 of the last 3 evaluations" in why
+    # refuted (below 0): only a rise moves it towards the null
+    below = [_interval(-2.0, -3.5, -0.5)] * 3
+    primary = _interval(-2.0, -3.0, -1.0)
+    assert cs.stable(cs.REFUTED, "greater", 0.0, primary, below, _interval(0, -2, 0.5))[0]
+    assert not cs.stable(cs.REFUTED, "greater", 0.0, primary, below, _interval(1, 0.5, 1.5))[0]
+    # equivalence within 2: both ends may move; (-1, 1) moved by (-0.5, 0.5) stays inside
+    inside = [_interval(0.0, -1.5, 1.5)] * 3
+    primary = _interval(0.0, -1.0, 1.0)
+    assert cs.stable(cs.REPRODUCED, "similar", 2.0, primary, inside, _interval(0, -0.5, 0.5))[0]
+    assert not cs.stable(cs.REPRODUCED, "similar", 2.0, primary, inside,
+                         _interval(-0.5, -1.2, 0.1))[0]  # low -1 - 1.2 = -2.2 leaves
+
+
+def test_the_differences_trend_over_the_last_window():
+    # a difference growing 0.1 points a round, evaluated every 5 rounds to 60: the last 20%
+    # (rounds 50-60, mean 5.5) minus the 20% before (40-45, mean 4.25) = 1.25 on each seed
+    curve = [(r, 0.1 * r) for r in range(5, 65, 5)]
+    trend = cs.difference_trend([curve, curve])
+    assert trend.mean == pytest.approx(1.25) and trend.std == pytest.approx(0.0, abs=1e-12)
 
 
 def test_binomial_standard_error():

@@ -58,9 +58,17 @@ def p_text(p: float) -> str:
     return "-" if not math.isfinite(p) else f"{p:.3g}" if p >= 1e-4 else "<1e-4"
 
 
-def _collapse_kinds(collapse: dict[str, str]) -> str:
-    """Which arms tripped gate (3) and by which part."""
-    return ", ".join(f"{arm}: {cs.collapse_parts(why)}" for arm, why in collapse.items())
+def findings_text(row: dict) -> str:
+    """The two findings about arms, each under its own name: an arm that collapsed (read on its
+    validation curves) and an arm no better than AllSmall (the smallest model on every client)."""
+    text = ""
+    if row["collapse"]:
+        text += f"; {cs.COLLAPSED}: " + ", ".join(
+            f"{arm} {drop:+.2f} points from its best" for arm, drop in row["collapse"].items())
+    if row["below_small"]:
+        text += f"; {cs.NO_BETTER_THAN_SMALL}: " + ", ".join(
+            f"{arm} {ci_text(d)} against AllSmall" for arm, d in row["below_small"].items())
+    return text
 
 
 def verdict_text(row: dict) -> str:
@@ -72,9 +80,7 @@ def verdict_text(row: dict) -> str:
         text += f"; the test alone: {row['test_alone']}"
         if round_sides(row) in ({"+"}, {"-"}):
             text += f", on the same side at each of the last {len(row['by_round'])} evaluations"
-    if v.flags and (v.verdict in (cs.REPRODUCED, cs.REFUTED, cs.INCONCLUSIVE)
-                    or row.get("test_alone")):
-        text += f"; {cs.COLLAPSING} ({_collapse_kinds(row['collapse'])})"
+    text += findings_text(row)
     if row.get("below_target"):
         text += f"; {BELOW_TARGET}"
     if row["claim"].same_as and row.get("identical") is not None:
@@ -111,7 +117,7 @@ def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
             selected = f"{np.mean(at):.2f} (round {choice.best_round})"
     try:
         ok, gains = cs.arm_convergence([curve_points(r) for r in rs])
-        window = ci_text(gains) + ("" if ok is None else " ok" if ok else " **no**")
+        window = ci_text(gains) + ("" if ok is None else " flat" if ok else " rising")
     except ValueError:
         window = "too few evaluations"
     under_best = np.mean([final_points(r) - best_points(r) for r in rs])
@@ -123,8 +129,9 @@ def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
 
 
 ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validation-chosen round "
-              "(test %) | last-20% gain (95% CI), converged | final - own best | lr | rejected "
-              "replies | seconds per run (CPU) |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "(test %) | last-20% gain (95% CI), flat by 1 point | final - own best | lr | "
+              "rejected replies | seconds per run (CPU) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def difference_text(row: dict) -> str:
@@ -140,6 +147,28 @@ def beside_text(row: dict) -> str:
     return f"{difference_text(row)}: {verdict_text(row)}"
 
 
+def robustness(row: dict, at_paper_rate: dict | None) -> str:
+    """The registry's ``ROBUSTNESS_RULE``: one word per claim, with the numbers behind it."""
+    if at_paper_rate is None or not row["tested"]:
+        return "-"
+    if not at_paper_rate["tested"]:
+        return "not checked (the papers' 0.01 not all in)"
+    tuned, paper = row["verdict"], at_paper_rate["verdict"]
+    word = tuned.verdict if not row.get("test_alone") else row["test_alone"]
+    other = paper.verdict if not at_paper_rate.get("test_alone") else at_paper_rate["test_alone"]
+    numbers = f"{tuned.difference.mean:+.2f} tuned, {paper.difference.mean:+.2f} at 0.01"
+    if word == other and (tuned.difference.mean > 0) == (paper.difference.mean > 0):
+        return f"robust to the learning rate ({numbers}); {reg.NOT_CHECKED}"
+    return f"**sensitive to the learning rate** ({word} -> {other}; {numbers}); {reg.NOT_CHECKED}"
+
+
+def robustness_word(row: dict, at_paper_rate: dict | None) -> str:
+    """``robustness`` in a few words, for the forest plot."""
+    word = robustness(row, at_paper_rate)
+    return ("robust to lr" if word.startswith("robust") else
+            "sensitive to lr" if "sensitive" in word else "")
+
+
 def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[str]:
     """The verdict table of a tier; ``at_paper_rate``: claim id -> its row at the papers' 0.01,
     shown in a last column (tuned tiers)."""
@@ -147,7 +176,8 @@ def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[st
             "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
     rule = "|---|---|---|---|---|---|---|---|---|---|---|"
     if at_paper_rate is not None:
-        head, rule = head + " at lr 0.01: difference (CI), verdict |", rule + "---|"
+        head += " at lr 0.01: difference (CI), verdict | robustness |"
+        rule += "---|---|"
     lines = [head, rule]
     for row in rows:
         c, v = row["claim"], row["verdict"]
@@ -159,7 +189,8 @@ def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[st
                 f"{len(row['seeds'])}/{row['need']} | {verdict_text(row)} |")
         if at_paper_rate is not None:
             paper_row = at_paper_rate.get(c.id)
-            line += f" {'-' if paper_row is None else beside_text(paper_row)} |"
+            line += (f" {'-' if paper_row is None else beside_text(paper_row)} | "
+                     f"{robustness(row, paper_row)} |")
         lines.append(line)
     return lines
 
@@ -235,21 +266,28 @@ def claim_section(row: dict, tier: str, choices: dict, at_paper_rate: dict | Non
     if d is not None and d.n > 1:
         se_seeds = d.std / math.sqrt(d.n)
         err, how = row.get("test_error", (math.nan, ""))
-        lines.append(f"- Paired difference: {ci_text(d)} points ({d.confidence:.0%} interval), per "
-                     "seed " + ", ".join(f"{x:+.2f}" for x in row["differences"])
+        lines.append(f"- Paired difference: {ci_text(d)} points ({d.confidence:.0%} interval, "
+                     "seeds and test set), per seed "
+                     + ", ".join(f"{x:+.2f}" for x in row["differences"])
                      + f"; p {p_text(v.p)}, Holm {p_text(v.p_holm)}; detectable with "
                      f"{row['need']} seeds: {v.detectable:.2f} points.")
         lines.append(f"- Error of the mean difference: seeds {se_seeds:.2f} points (s / sqrt(n)); "
-                     + (f"test set {err:.2f} points ({how})." if math.isfinite(err)
+                     + (f"test set {err:.2f} points ({how}); together "
+                        f"{math.hypot(se_seeds, err):.2f}." if math.isfinite(err)
                         else "test set: unknown for these records."))
         position, ratio = effect_text(row)
         lines.append(f"- Effect size: the paper's {paper_text(c)} against ours: "
                      f"{position}; difference / (AllLarge - AllSmall): {ratio}.")
         lines.append(by_round_text(row))
+        trend = row.get("trend")
+        lines.append("- Stability: the difference moved "
+                     + (f"{ci_text(trend)} points over the last 20% of rounds (95% CI)"
+                        if trend is not None else "by an unknown amount (too few evaluations)")
+                     + f" (`VERDICT_RULE`, {reg.VERDICT_RULE_DATE}).")
     conv = "; ".join(f"{a} {ci_text(g) if isinstance(g, cs.Interval) else g}"
-                     + ("" if ok is None else " ok" if ok else " **not converged**")
-                     for a, (ok, g) in row["convergence"].items())
-    lines.append(f"- Gate (1) convergence, last-20% gain in points (95% CI): {conv}.")
+                     for a, (_, g) in row["convergence"].items())
+    lines.append(f"- Each arm's gain over the last 20% of rounds (points, 95% CI; a "
+                 f"description, not a gate): {conv}.")
     gaps = "; ".join(
         f"`{st}` AllLarge - AllSmall {ci_text(gap)} over seeds {', '.join(map(str, ss))}"
         + ("" if ok is None else " > " if ok else " **not above** ")
@@ -259,9 +297,13 @@ def claim_section(row: dict, tier: str, choices: dict, at_paper_rate: dict | Non
         gaps += (f"; the tier's design target, a mean of at least {GAP_TARGET:g} points: "
                  + (f"**not met** in {', '.join(f'`{st}`' for st in row['below_target'])}"
                     if row["below_target"] else "met"))
-    lines.append(f"- Gate (2) discrimination: {gaps}.")
-    flags = "; ".join(v.flags) or "none"
-    lines.append(f"- Gate (3) collapse: {flags}.")
+    lines.append(f"- Gate, discrimination: {gaps}.")
+    lines.append(f"- Findings: collapse (validation curves at the chosen rate, final more than "
+                 f"{cs.COLLAPSE_POINTS:g} points under the best): "
+                 + (", ".join(f"{a} {d:+.2f}" for a, d in row["collapse"].items()) or "none")
+                 + "; no better than AllSmall (paired primary difference, mean at most 0): "
+                 + (", ".join(f"{a} {ci_text(d)}" for a, d in row["below_small"].items())
+                    or "none") + ".")
     if at_paper_rate is not None:
         lines.append(paper_rate_text(at_paper_rate))
     return lines + [""]

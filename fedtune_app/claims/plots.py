@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
+from fedtune_app.claims import stats as cs
 from fedtune_app.claims.registry import (
     ARMS,
 )
@@ -43,5 +45,52 @@ def plot_setting(tier: str, setting_id: str, records: dict, path: Path) -> bool:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+VERDICT_COLOURS = {cs.REPRODUCED: "tab:green", cs.REFUTED: "tab:red",
+                   cs.INCONCLUSIVE: "tab:gray", cs.UNSTABLE: "tab:orange",
+                   cs.NOT_DISCRIMINATIVE: "tab:purple"}
+
+
+def forest_plot(rows: list[dict], words: dict, path: Path, title: str) -> bool:
+    """Every claim's difference with its interval (seeds and test set), the paper's difference
+    marked on the same axis, the verdict by colour and in words, with ``words`` (claim id ->
+    its robustness word) beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["verdict"].difference is not None
+             and r["verdict"].difference.n > 1]
+    if not shown:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(shown) + 1.4), dpi=110)
+    for y, row in enumerate(reversed(shown)):
+        c, v = row["claim"], row["verdict"]
+        d = v.difference
+        colour = VERDICT_COLOURS.get(v.verdict, "black")
+        ax.errorbar(d.mean, y, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", ms=4,
+                    color=colour, capsize=2, lw=1.2)
+        if c.paper_difference is not None and math.isfinite(c.paper_difference):
+            ax.plot(c.paper_difference, y, "kx", ms=6)
+        if c.margin:
+            ax.plot([-c.margin, c.margin] if c.direction == "similar" else [-c.margin], [y] *
+                    (2 if c.direction == "similar" else 1), "|", color="0.5", ms=8)
+        word = words.get(c.id, "")
+        ax.text(1.01, y, f"{v.verdict}{'; ' + word if word else ''}", va="center",
+                transform=ax.get_yaxis_transform(), fontsize=6.5, color=colour)
+    ax.axvline(0, color="0.3", lw=0.8)
+    ax.set_yticks(range(len(shown)), [r["claim"].id for r in reversed(shown)], fontsize=6.5)
+    ax.set_xlabel("difference in accuracy points (claimed side minus the other): ours, "
+                  "95% / 90% interval with the test set's error; x: the paper's; |: margins",
+                  fontsize=7)
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return True

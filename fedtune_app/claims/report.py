@@ -15,14 +15,11 @@ from fedtune_app.claims.claim_text import (
     arm_row,
     ci_text,
     claim_section,
-    effect_text,
-    p_text,
-    paper_text,
+    robustness_word,
     verdict_rows,
-    verdict_text,
 )
 from fedtune_app.claims.planning import load_records, plan_runs, tier_pairs, tuned_rates
-from fedtune_app.claims.plots import plot_setting
+from fedtune_app.claims.plots import forest_plot, plot_setting
 from fedtune_app.claims.registry import (
     ARMS,
     CPU_BASE,
@@ -130,41 +127,40 @@ HOW_TO_READ = (
     "its direction and margin (with the margin's reason), the learning-rate grid and rule. "
     f"**Primary metric**: the mean of a run's last {cs.LAST_EVALUATIONS} evaluations; the final "
     "round and the round chosen on the validation split (tuned tiers) are shown beside it, never "
-    "the best round on the test set. **Tests** (scipy), each at "
+    "the best round on the test set. **Tests**, each at "
     f"alpha = {cs.ALPHA:g}: 'greater' a two-sided paired t-test with its 95% interval; 'within "
     "m' (non-inferiority) and 'similar within m' (equivalence, two one-sided tests) one-sided, "
-    "with 90% intervals; the **Holm** column adjusts the p-values over every claim the tier "
-    f"plans (family-wise error {cs.ALPHA:g}; a claim without all its seeds counts as p = 1, a "
-    "claim equal to another once), and a verdict (**reproduced** / **refuted**) needs the "
-    "adjusted p below it, else **inconclusive**; a claim whose gate fails gets no verdict, only "
-    "what its test alone would say. **Detectable**: the "
+    "with 90% intervals; each interval and p holds both the seeds' spread and the test set's "
+    "sampling error (variance sum, the seeds' n - 1 degrees of freedom). The **Holm** column "
+    f"(statsmodels) adjusts the p-values over every claim the tier plans (family-wise error "
+    f"{cs.ALPHA:g}; a claim without all its seeds counts as p = 1, a claim equal to another "
+    "once), and a verdict (**reproduced** / **refuted**) needs the adjusted p below it, else "
+    "**inconclusive**. **The verdict rule** (the registry's, fixed on "
+    f"{reg.VERDICT_RULE_DATE} before this report applied it): {reg.VERDICT_RULE} "
+    "A claim whose setting does not discriminate (AllLarge - AllSmall, paired 95% interval, "
+    "lower end not above the claim's detectable difference) gets no verdict, only what its test "
+    "alone would say. **Detectable**: the "
     f"smallest difference (for 'within' / 'similar': margin) the claim's seeds establish with "
-    f"{cs.POWER:.0%} power at the observed spread, from the exact noncentral t "
-    "(`scipy.stats.nct`). **Effect size**: whether the paper's difference lies inside our "
-    "interval (consistent), above it (ours smaller) or below it (ours larger); and the "
+    f"{cs.POWER:.0%} power at the observed spread (seeds and test set), from the exact "
+    "noncentral t (statsmodels). **Effect size**: whether the paper's difference lies inside "
+    "our interval (consistent), above it (ours smaller) or below it (ours larger); and the "
     "difference over the setting's AllLarge - AllSmall gap beside the paper's same ratio (n/a "
     "where the paper reports no AllSmall); a paper whose difference could not be read here "
-    "(only its abstract) shows \"not readable\" and no position. **The gate**, in three "
-    "parts: (1) every arm converged: per seed the mean over the last 20% of rounds minus the "
-    f"mean over the 20% before, its 95% interval's upper end below {cs.FLAT_POINTS:g} point, "
-    "else **not converged**; (2) the setting discriminates: AllLarge - AllSmall (paired 95% "
-    "interval, lower end) above the claim's detectable difference, else **setting not "
-    "discriminative**; (3) an arm whose final evaluation is below AllSmall's, or more than "
-    f"{cs.COLLAPSE_POINTS:g} points under its own best, flags the verdict **{cs.COLLAPSING}**, "
-    "naming each such arm and the part it tripped (with model groups, where each group's "
-    "model sees only its clients' domains, an arm can sit below AllSmall from the first "
-    "evaluation to the last: a weak arm there, not a drift). "
+    "(only its abstract) shows \"not readable\" and no position. **Findings**, each under its "
+    f"own name and never a gate: **{cs.COLLAPSED}**, an arm whose validation curve (the tuning "
+    f"runs at its chosen rate) ends more than {cs.COLLAPSE_POINTS:g} points under its own best "
+    f"(the test set decides nothing); **{cs.NO_BETTER_THAN_SMALL}**, an arm whose paired "
+    "primary difference to AllSmall is at most 0 on average. Each arm's gain over the last 20% "
+    "of rounds is shown as a description. "
     "On a tier with a fixed seed count, a setting whose mean AllLarge - AllSmall is under the "
-    f"{GAP_TARGET:g} points it was calibrated to reach flags its claims' verdicts too (the "
-    "tier's design target, beside the gate's part (2), which was fixed per claim before the "
-    "runs). "
+    f"{GAP_TARGET:g} points it was calibrated to reach is named in its claims' verdicts too. "
     f"**Read at single rounds**: each claim's difference is also shown at each of its last "
     f"{READ_AT_ROUNDS} evaluations with the side of the boundary its interval lies on "
-    "(unadjusted: a check that the answer does not depend on the round it is read at, not a "
-    "test). "
+    "(seeds only, unadjusted). "
     "**Test-set error**: a seed redraws the training data, not the test set, so the test set's "
-    "own sampling error is shown beside the seeds' spread: a bootstrap over test examples where "
-    "the records keep which examples each run got right, else the binomial bound "
+    "own sampling error is added to the seeds' spread: a bootstrap over test examples where "
+    "the records keep which examples each run got right (on `mini` over digits: a digit's six "
+    "renderings resampled together), else the binomial bound "
     "sqrt(sum p (1 - p) / n). " + METRIC_NOTE)
 
 
@@ -231,24 +227,56 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
              "records in "
              "`docs/claims/runs/` and `docs/claims/tuning/`. Continue a campaign (finished runs "
              "are reused by the hash of their run config) and regenerate:", "", "```bash"]
-    lines += [_continue(t) for t in tiers] + ["fedtune claims report", "```", "", HOW_TO_READ,
-                                              "", "Update screening is **off** in every claim "
-                                              "run (the papers ran none).", ""]
+    lines += [_continue(t) for t in tiers] + ["fedtune claims report", "```", ""]
+    evaluated = {tier: tier_rows(tier, store) for tier in tiers}
+    forest = [line for tier in tiers if tier in reg.LR_GRID  # the tiers that give verdicts
+              for line in forest_section(tier, store, out, *evaluated[tier][1:])]
+    lines += forest
+    lines += [HOW_TO_READ, "", "Update screening is **off** in every claim run (the papers ran "
+              "none).", ""]
     for tier in tiers:
-        lines += tier_section(tier, store, out)
+        lines += tier_section(tier, store, out, *evaluated[tier])
     out.write_text("\n".join(lines) + "\n")
     if readme is not None and readme.is_file():
-        update_readme(readme, tiers, store)
+        update_readme(readme, forest)
     return str(out)
 
 
-def tier_section(tier: str, store: Path, out: Path) -> list[str]:
+def tier_rows(tier: str, store: Path) -> tuple[dict, list[dict], dict | None]:
+    """A tier's records, its claims' rows, and (tuned tiers) its rows at the papers' 0.01."""
     records = load_records(tier, store)
     rows = evaluate(tier, store, records)
-    claims = [r["claim"] for r in rows]
-    choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
     at_paper_rate = ({r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
                      if tier in reg.LR_GRID else None)
+    return records, rows, at_paper_rate
+
+
+def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
+                   at_paper_rate: dict | None) -> list[str]:
+    """The report's first screen: every claim of the tier in one forest plot, and the count of
+    each verdict."""
+    words = {r["claim"].id: robustness_word(r, (at_paper_rate or {}).get(r["claim"].id))
+             for r in rows}
+    png = store / f"{tier}-forest.png"
+    title = f"Tier {tier}: {TIER_TITLE.get(tier, tier)}"
+    if not forest_plot(rows, words, png, title):
+        return []
+    counts: dict = {}
+    for row in rows:
+        counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
+    sensitive = sum(w.startswith("sensitive") for w in words.values())
+    return [f"![{tier} verdicts]({png.relative_to(out.parent).as_posix()})", "",
+            f"Tier `{tier}`, {len(rows)} claims: "
+            + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+            + f"; {sensitive} of them sensitive to the learning rate (the papers' 0.01 against "
+            "the tuned rates); another backbone and the papers' 100 rounds not checked yet. "
+            "Each claim's numbers: the table and sections below.", ""]
+
+
+def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
+                 at_paper_rate: dict | None) -> list[str]:
+    claims = [r["claim"] for r in rows]
+    choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
@@ -374,31 +402,17 @@ def tier_cost(tier: str, records: dict, store: Path = STORE) -> list[str]:
             f"so far: {tuning / 3600:.1f} core-hours.", ""]
 
 
-def verdict_table(tier: str, store: Path = STORE) -> list[str]:
-    """The compact verdict table of one tier (the README quotes it)."""
-    lines = ["| claim | paper | paper's difference | ours (CI) | paper's against ours | Holm p "
-             "| seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
-    records = load_records(tier, store)
-    rows = evaluate(tier, store, records)
-    for row in rows:
-        c, v = row["claim"], row["verdict"]
-        lines.append(f"| `{c.id}` | {c.paper} {c.table} | {paper_text(c)} | "
-                     f"{ci_text(v.difference)} | {effect_text(row)[0]} | {p_text(v.p_holm)} | "
-                     f"{len(row['seeds'])}/{row['need']} | {verdict_text(row)} |")
-    return lines + [""] + tier_summary(rows, records)[:1]
-
-
-def update_readme(readme: Path, tiers=TIERS, store: Path = STORE) -> None:
+def update_readme(readme: Path, forest: list[str]) -> None:
+    """The README's claims block: the forest plot and the count of each verdict."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         return
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
-    body = [f"Generated by `fedtune claims report` at code commit `{code_commit()}` from "
-            "docs/claims.md's records (difference in accuracy points, claimed side minus the "
-            "other; primary metric: the mean of the last three evaluations)."]
-    for tier in [t for t in ("mini", "cpu") if t in tiers]:
-        body += ["", f"Tier `{tier}`: {TIER_TITLE[tier]}.", ""] + verdict_table(tier, store)
-    readme.write_text(head + README_BEGIN + "\n" + "\n".join(body) + "\n" + README_END + tail)
-
-
+    # the figure's path from the README's folder, not the report's
+    forest = [line.replace("](claims/", "](docs/claims/") for line in forest]
+    body = [f"Generated by `fedtune claims report` at code commit `{code_commit()}` "
+            "(difference in accuracy points, claimed side minus the other; every number in "
+            "[docs/claims.md](docs/claims.md)).", ""] + forest
+    readme.write_text(head + README_BEGIN + "\n" + "\n".join(body).rstrip() + "\n" + README_END
+                      + tail)

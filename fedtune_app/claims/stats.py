@@ -30,12 +30,15 @@ Effect size: whether the paper's difference lies inside our interval ("consisten
 ("ours smaller") or below it ("ours larger"); and the difference over the setting's AllLarge -
 AllSmall gap beside the paper's same ratio.
 
-The gate of a claim, in three parts (``arm_convergence``, ``discriminates``, ``collapse``):
-every arm converged (per seed, the mean over the last 20% of rounds minus the mean over the
-20% before; the upper end of its 95% interval over seeds below ``FLAT_POINTS``); the setting
-discriminates (AllLarge - AllSmall, its 95% interval's lower end above the claim's detectable
-difference); no arm collapses (final below AllSmall's, or more than ``COLLAPSE_POINTS`` under
-its own best evaluation: the verdict is flagged, not withheld).
+The verdict rule (``VERDICT_RULE`` in the registry, with its date): the setting must
+discriminate (AllLarge - AllSmall, its 95% interval's lower end above the claim's detectable
+difference: ``discriminates``); the test reads ``combined_interval`` (the seeds' spread and the
+test set's error); a decided claim must be stable (``stable``: the difference keeps its side at
+each of the last evaluations, and the primary interval moved by the difference's own trend over
+the last window, ``difference_trend``, still does), else unstable. Each arm's gain over the last
+window (``arm_convergence``) is a description, not a gate. Two findings, each under its own
+name: an arm that collapsed on its validation curves (``collapsed_on_validation``), and an arm
+no better than the smallest model on every client (``below_small``).
 
 Test-set sampling error: a seed redraws the training data, not the test set, so the seeds'
 spread does not contain the test set's own sampling error. ``bootstrap_se`` resamples test
@@ -56,22 +59,24 @@ from scipy import optimize, stats
 ALPHA = 0.05  # each claim's test; Holm keeps the tier's family-wise error at ALPHA
 POWER = 0.80
 LAST_EVALUATIONS = 3  # the primary metric's window
-FLAT_POINTS = 1.0  # converged: the gain over the last 20% of rounds is below this
+FLAT_POINTS = 1.0  # described as flat: the gain over the last 20% of rounds is below this
 FLAT_FRACTION = 0.2
 COLLAPSE_POINTS = 5.0  # an arm more than this under its own best evaluation collapsed
-AGAINST_SMALL, UNDER_BEST = "against AllSmall", "under its own best"  # collapse's parts
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 RUNNING, NOT_RUN = "running", "no records yet"
-NOT_CONVERGED, NOT_DISCRIMINATIVE = "not converged", "setting not discriminative"
-COLLAPSING = "driven by a collapsing baseline"
+NOT_DISCRIMINATIVE = "setting not discriminative"
+UNSTABLE = "unstable"  # decided at the primary metric, but the difference still moves
+COLLAPSED = "collapsed on validation"
+NO_BETTER_THAN_SMALL = "no better than the smallest model on every client"
 DIRECTIONS = ("greater", "within", "similar")
 CONSISTENT, OURS_SMALLER, OURS_LARGER = "consistent", "ours smaller", "ours larger"
 
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean of n per-seed values with its two-sided Student-t interval (NaN bounds for n < 2)."""
+    """Mean of n per-seed values with its two-sided Student-t interval (NaN bounds for n < 2);
+    ``test_se``: the test set's standard error the interval also holds (0: the seeds' alone)."""
 
     mean: float
     low: float
@@ -79,6 +84,7 @@ class Interval:
     n: int
     std: float
     confidence: float = 0.95
+    test_se: float = 0.0
 
     @property
     def half_width(self) -> float:
@@ -98,6 +104,23 @@ def t_interval(values, confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, n, std, confidence)
 
 
+def combined_interval(values, test_se: float, confidence: float = 0.95) -> Interval:
+    """The seed-mean with an interval that holds both errors of a claim's difference: the seeds'
+    spread (s^2 / n: training randomness) and the test set's sampling error (``test_se``, a
+    standard error in points; a seed redraws the training data, never the test set, so this
+    part does not shrink with more seeds). Variance sum a + b, a = s^2 / n, b = test_se^2, and
+    Student t with the seeds' n - 1 degrees of freedom: Welch-Satterthwaite would give more (the
+    bootstrap's part counts as known), and so an interval that adding an error could make
+    narrower than the seeds' alone; n - 1 never does. test_se = 0 gives ``t_interval``."""
+    seeds = t_interval(values, confidence)
+    if seeds.n < 2 or not math.isfinite(test_se) or test_se <= 0:
+        return seeds
+    a, b = seeds.std ** 2 / seeds.n, test_se ** 2
+    half = float(stats.t.ppf((1 + confidence) / 2, seeds.n - 1)) * math.sqrt(a + b)
+    return Interval(seeds.mean, seeds.mean - half, seeds.mean + half, seeds.n, seeds.std,
+                    confidence, test_se)
+
+
 def primary(values) -> float:
     """The primary metric of one run from its evaluations in round order: the mean of the last
     ``LAST_EVALUATIONS`` (all of them when there are fewer)."""
@@ -115,18 +138,22 @@ def interval_for(direction: str) -> float:
     return 1 - ALPHA if direction == "greater" else 1 - 2 * ALPHA
 
 
-def p_value(differences, direction: str, margin: float = 0.0) -> float:
+def p_value(differences, direction: str, margin: float = 0.0, test_se: float = 0.0) -> float:
     """The p of the test that decides the claim from its per-seed paired differences (see the
     module text): 'greater' two-sided of 0; 'within' and 'similar' one-sided, on the side of
-    the boundary the mean lies (for 'similar' inside the margins: TOST's max of the two)."""
+    the boundary the mean lies (for 'similar' inside the margins: TOST's max of the two).
+    ``test_se`` > 0: the standard error and degrees of freedom of ``combined_interval`` (the
+    library t-tests take samples only, not a second variance component: written here)."""
     x = np.asarray(differences, dtype=float)
     n = len(x)
     if n < 2:
         return math.nan
-    mean, se = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(n)
+    mean, a = float(x.mean()), float(x.var(ddof=1)) / n
+    b = test_se ** 2 if math.isfinite(test_se) and test_se > 0 else 0.0
+    se = math.sqrt(a + b)
     if se == 0:  # identical differences: the test is decided by the mean alone
         se = 1e-300
-    df = n - 1
+    df = n - 1  # as ``combined_interval``
     above = lambda bound: float(stats.t.sf((mean - bound) / se, df))  # H1: mu > bound # noqa: E731
     below = lambda bound: float(stats.t.cdf((mean - bound) / se, df))  # H1: mu < bound # noqa: E731
     if direction == "greater":
@@ -142,12 +169,15 @@ def p_value(differences, direction: str, margin: float = 0.0) -> float:
 
 def holm(p_values: dict) -> dict:
     """Holm's step-down adjustment of a family of p-values (name -> p; NaN stays NaN, outside
-    the family): sorted ascending, p_(i) x (k - i + 1), a running maximum, capped at 1."""
-    family = sorted((p, name) for name, p in p_values.items() if math.isfinite(p))
-    k, running, out = len(family), 0.0, {name: math.nan for name in p_values}
-    for i, (p, name) in enumerate(family):
-        running = max(running, min(1.0, (k - i) * p))
-        out[name] = running
+    the family): sorted ascending, p_(i) x (k - i + 1), a running maximum, capped at 1
+    (statsmodels' ``multipletests``)."""
+    from statsmodels.stats.multitest import multipletests
+
+    family = [name for name, p in p_values.items() if math.isfinite(p)]
+    out = {name: math.nan for name in p_values}
+    if family:
+        adjusted = multipletests([p_values[n] for n in family], ALPHA, method="holm")[1]
+        out |= {name: float(p) for name, p in zip(family, adjusted)}
     return out
 
 
@@ -155,16 +185,13 @@ def power(effect: float, std: float, n: int, sides: int = 2) -> float:
     """Exact power of a paired t-test over n seeds at level ALPHA when the true mean difference
     is ``effect`` beyond the tested boundary and the differences' std is ``std``: the
     noncentral t with n - 1 degrees of freedom and noncentrality effect x sqrt(n) / std."""
-    df, nc = n - 1, effect * math.sqrt(n) / std
-    crit = float(stats.t.ppf(1 - ALPHA / sides, df))
-    up = _tail(float(stats.nct.sf(crit, df, nc)), nc > crit)
-    return up + _tail(float(stats.nct.cdf(-crit, df, nc)), nc < -crit) if sides == 2 else up
+    from statsmodels.stats.power import TTestPower
 
-
-def _tail(p: float, centre_inside: bool) -> float:
-    """scipy's noncentral t returns NaN for a few far tails (e.g. cdf(-12.7, 1, 100)): there
-    the tail holds all of the mass (1) when the noncentrality lies inside it, else none (0)."""
-    return (1.0 if centre_inside else 0.0) if math.isnan(p) else p
+    value = float(TTestPower().power(effect / std, n, ALPHA,
+                                     alternative="two-sided" if sides == 2 else "larger"))
+    # scipy's noncentral t (which statsmodels calls) returns NaN for a few far tails: there the
+    # effect lies far beyond the critical value, and the test always finds it
+    return (1.0 if effect > 0 or sides == 2 else 0.0) if math.isnan(value) else value
 
 
 def detectable(std: float, n: int, direction: str = "greater", power_: float = POWER) -> float:
@@ -261,12 +288,55 @@ def window_gain(curve: list[tuple[int, float]], fraction: float = FLAT_FRACTION)
 
 
 def arm_convergence(curves: list[list[tuple[int, float]]]) -> tuple[bool | None, Interval]:
-    """Converged (True/False; None with one seed: no interval yet) and the per-seed window gains'
-    95% interval: converged when its upper end is below ``FLAT_POINTS``."""
+    """Flat (True/False; None with one seed: no interval yet) and the per-seed window gains'
+    95% interval: flat when its upper end is below ``FLAT_POINTS`` (a description of the arm)."""
     gains = t_interval([window_gain(c) for c in curves])
     if gains.n < 2:
         return None, gains
     return gains.high < FLAT_POINTS, gains
+
+
+def difference_trend(curves: list[list[tuple[int, float]]]) -> Interval:
+    """The paired difference's own trend: per seed, ``window_gain`` of its difference curve (the
+    mean over the last ``FLAT_FRACTION`` of rounds minus the mean over the fraction before),
+    with its 95% interval over seeds: how far the difference moved in the last window."""
+    return t_interval([window_gain(c) for c in curves])
+
+
+def stable(verdict: str, direction: str, margin: float, primary_ci: Interval,
+           at_rounds: list[Interval], trend: Interval) -> tuple[bool, str]:
+    """Whether a reproduced / refuted verdict holds as the runs go on (the registry's
+    ``VERDICT_RULE``): the difference's interval lies on the verdict's side at each of the last
+    evaluations (``at_rounds``), and the primary interval, each end moved towards the null by
+    the 95% bound of the difference's trend over the last window that points that way (an end
+    only moves the way the trend could carry it), still lies there. (True, '') or (False, why)."""
+    side = {REPRODUCED: "+", REFUTED: "-"}[verdict]
+    off = [i for i, ci in enumerate(at_rounds) if interval_side(ci, direction, margin) != side]
+    if off:
+        return False, (f"the difference's interval leaves the verdict's side at {len(off)} of "
+                       f"the last {len(at_rounds)} evaluations")
+    moved = Interval(primary_ci.mean, primary_ci.low - max(0.0, -trend.low),
+                     primary_ci.high + max(0.0, trend.high), primary_ci.n, primary_ci.std,
+                     primary_ci.confidence, primary_ci.test_se)
+    if interval_side(moved, direction, margin) != side:
+        return False, (f"the difference moved {trend.mean:+.2f} points (95% CI {trend.low:+.2f} "
+                       f"to {trend.high:+.2f}) over the last window; moved by it, the interval "
+                       f"({moved.low:.2f}, {moved.high:.2f}) leaves the verdict's side")
+    return True, ""
+
+
+def below_small(arm_minus_small: Interval) -> bool:
+    """A finding, not a gate: the arm is no better than the smallest model on every client
+    (AllSmall) when its paired primary-metric difference to AllSmall is at most 0 on average."""
+    return arm_minus_small.mean <= 0
+
+
+def collapsed_on_validation(finals: list[float], bests: list[float]) -> float | None:
+    """An arm's validation curves (the tuning runs at its chosen rate): the mean of final minus
+    best evaluation when it is more than ``COLLAPSE_POINTS`` below 0 (it collapsed), else None.
+    Read on validation, never on the test set."""
+    drop = float(np.mean(np.subtract(finals, bests)))
+    return drop if drop < -COLLAPSE_POINTS else None
 
 
 def discriminates(large_minus_small: Interval, needed: float) -> bool | None:
@@ -275,27 +345,6 @@ def discriminates(large_minus_small: Interval, needed: float) -> bool | None:
     if large_minus_small.n < 2 or not math.isfinite(needed):
         return None
     return large_minus_small.low > needed
-
-
-def collapse(finals: list[float], bests: list[float], small_finals: list[float]) -> str:
-    """Why an arm collapsed ('' when it did not): per-seed means of its final evaluation below
-    AllSmall's, or more than COLLAPSE_POINTS under its own best evaluation."""
-    under_small = float(np.mean(np.subtract(finals, small_finals)))
-    under_best = float(np.mean(np.subtract(finals, bests)))
-    why = []
-    if under_small < 0:
-        why.append(f"final {under_small:+.2f} points {AGAINST_SMALL}")
-    if under_best < -COLLAPSE_POINTS:
-        why.append(f"final {under_best:+.2f} points {UNDER_BEST}")
-    return "; ".join(why)
-
-
-def collapse_parts(why: str) -> str:
-    """The parts of the gate a ``collapse`` reason tripped, without its numbers: a drift from an
-    arm's own best is a collapse in time; an arm below AllSmall throughout (model groups whose
-    models each see a few domains) is a weak arm, not a drift, and a reader should see which."""
-    return " and ".join(part for phrase, part in ((AGAINST_SMALL, "below AllSmall"),
-                                                 (UNDER_BEST, UNDER_BEST)) if phrase in why)
 
 
 # ---------------------------------------------------------------- the test set's error
@@ -322,7 +371,7 @@ def headline(correct: dict, weights: dict | None = None):
 
 
 def bootstrap_se(runs: list[list[tuple[float, list[dict]]]], replicates: int = 1000,
-                 seed: int = 0) -> float:
+                 seed: int = 0, clustered: bool = False) -> float:
     """Standard error (points) of a claim's seed-mean statistic from sampling the test set.
 
     ``runs``: per seed, the claim's terms as (coefficient, evaluations), each evaluation one
@@ -330,14 +379,27 @@ def bootstrap_se(runs: list[list[tuple[float, list[dict]]]], replicates: int = 1
     scores the same test examples, so one replicate draws, per stratum, how often each example
     is taken (multinomial, n draws of n) and scores every evaluation of every run with it; the
     statistic is recomputed (mean over the window, sum over the terms, mean over the seeds) and
-    its standard deviation over the replicates is the error."""
+    its standard deviation over the replicates is the error.
+
+    ``clustered``: the strata are renderings of the same examples in the same order (the
+    ``mini`` tier's six domains render the same digits), so one draw of the example indices
+    serves every stratum: a digit's renderings are resampled together, as the errors of a run
+    on them are correlated (resampling each domain on its own understates the error)."""
     rng = np.random.default_rng(seed)
     sizes = [{s: len(a) for g in ev.values() for s, a in g.items()}
              for seed_terms in runs for _, evaluations in seed_terms for ev in evaluations]
     if not sizes or any(z != sizes[0] for z in sizes):
         raise ValueError("runs scored on different test sets: no common bootstrap")
-    weights = {s: rng.multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(float)
-               for s, n in sizes[0].items()}
+    if clustered:
+        if len(set(sizes[0].values())) != 1:
+            raise ValueError(f"clustered bootstrap: strata of different sizes {sizes[0]} cannot "
+                             "be renderings of the same examples")
+        n = next(iter(sizes[0].values()))
+        shared = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(float)
+        weights = {s: shared for s in sizes[0]}
+    else:
+        weights = {s: rng.multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(float)
+                   for s, n in sizes[0].items()}
     per_seed = [sum(c * np.mean([headline(ev, weights) for ev in evaluations], axis=0)
                     for c, evaluations in seed_terms) for seed_terms in runs]
     return 100 * float(np.std(np.mean(per_seed, axis=0), ddof=1))

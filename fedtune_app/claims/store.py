@@ -238,5 +238,5 @@ def final_points(record: dict, metric: str = "accuracy") -> float:
 
 
 def best_points(record: dict, metric: str = "accuracy") -> float:
-    """Its best evaluation on the test set: only the collapse flag reads it."""
+    """Its best evaluation (the collapse finding reads it on validation curves only)."""
     return max(v for _, v in curve_points(record, metric))

@@ -24,7 +24,9 @@ from fedtune_app.claims.store import (
     best_points,
     curve_points,
     final_points,
+    hash_or_none,
     primary_points,
+    records_by_hash,
 )
 
 # points: the mean AllLarge - AllSmall each setting of a tier with a fixed seed count was
@@ -59,11 +61,16 @@ def _unpacked(record: dict) -> list[dict]:
 
 def test_set_error(claim: Claim, tier: str, records: dict, seeds: list[int]) -> tuple:
     """(standard error in points, how): a bootstrap over test examples where every run of the
-    claim recorded them, else the binomial bound on the tier's test-set size, else NaN."""
+    claim recorded them (over digits, a digit's renderings together, on the tiers whose domains
+    render the same examples: ``CLUSTERED_TEST``), else the binomial bound on the tier's
+    test-set size, else NaN."""
     runs = [[(c, records[st, a, s]) for c, st, a in claim.terms] for s in seeds]
     if all("test-correct" in r for seed_terms in runs for _, r in seed_terms):
-        return cs.bootstrap_se([[(c, _unpacked(r)) for c, r in seed_terms]
-                                for seed_terms in runs]), "bootstrap over test examples"
+        clustered = tier in reg.CLUSTERED_TEST
+        return (cs.bootstrap_se([[(c, _unpacked(r)) for c, r in seed_terms]
+                                 for seed_terms in runs], clustered=clustered),
+                "bootstrap over test digits, a digit's renderings resampled together"
+                if clustered else "bootstrap over test examples")
     n = reg.TEST_EXAMPLES.get(tier)
     if n is None:
         return math.nan, ""
@@ -76,71 +83,98 @@ def test_set_error(claim: Claim, tier: str, records: dict, seeds: list[int]) -> 
 READ_AT_ROUNDS = 5  # the last evaluations a claim's difference is also shown at, one by one
 
 
+def difference_curves(claim: Claim, records: dict, seeds: list[int]
+                      ) -> list[list[tuple[int, float]]]:
+    """Per seed, the claim's paired difference at each round that every run of it evaluated."""
+    curves = {(st, a, s): dict(curve_points(records[st, a, s]))
+              for s in seeds for _, st, a in claim.terms}
+    rounds = sorted(set.intersection(*(set(c) for c in curves.values())))
+    return [[(r, sum(c * curves[st, a, s][r] for c, st, a in claim.terms)) for r in rounds]
+            for s in seeds]
+
+
 def differences_by_round(claim: Claim, records: dict, seeds: list[int],
                          last: int = READ_AT_ROUNDS) -> list[tuple[int, cs.Interval]]:
     """The claim's paired difference read at each of the last evaluated rounds that every run
     of it has, one evaluation each (not the primary metric's mean of three): whether the
     answer depends on the round it is read at."""
-    curves = {(st, a, s): dict(curve_points(records[st, a, s]))
-              for s in seeds for _, st, a in claim.terms}
-    rounds = sorted(set.intersection(*(set(c) for c in curves.values())))[-last:]
-    return [(r, cs.t_interval([sum(c * curves[st, a, s][r] for c, st, a in claim.terms)
-                               for s in seeds], cs.interval_for(claim.direction)))
-            for r in rounds]
+    curves = difference_curves(claim, records, seeds)
+    return [(r, cs.t_interval([dict(c)[r] for c in curves], cs.interval_for(claim.direction)))
+            for r, _ in curves[0][-last:]]
 
 
-def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None) -> dict:
-    """A claim's numbers and its verdict before Holm's adjustment (``evaluate`` adjusts)."""
+def validation_collapse(validation: dict, setting: str, arm: str) -> float | None:
+    """An arm's drop from its best validation evaluation to its last, read on the tuning runs
+    at its chosen rate (``validation``: (setting, arm) -> records), when it collapsed."""
+    runs = validation.get((setting, arm))
+    if not runs:
+        return None
+    return cs.collapsed_on_validation([final_points(r) for r in runs],
+                                      [best_points(r) for r in runs])
+
+
+def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None,
+                   validation: dict | None = None) -> dict:
+    """A claim's numbers and its verdict before Holm's adjustment (``evaluate`` adjusts and
+    applies the stability rule); ``validation``: the arms' tuning records at their chosen rate,
+    which alone say whether an arm collapsed."""
     need = claim_seeds(claim, tier)
     settings = claim_settings(claim)
     seeds = [s for s in range(need) if all((st, a, s) in records for _, st, a in claim.terms)]
     row = {"claim": claim, "tier": tier, "seeds": seeds, "need": need, "per_arm": {},
            "testable": False, "tested": False, "differences": [], "convergence": {}, "gaps": {},
-           "collapse": {}, "below_target": []}
+           "collapse": {}, "below_small": {}, "below_target": []}
     if not seeds:
         row["verdict"] = cs.Verdict(cs.NOT_RUN)
         return row
     for _, st, a in claim.terms:
         rs = [records[st, a, s] for s in seeds]
+        label = _label(claim, st, a)
         choice = (rates or {}).get((st, a))
         selected = None
         if choice is not None and choice.best_round is not None:
             at = [dict(curve_points(r)).get(choice.best_round) for r in rs]
             selected = (choice.best_round, float(np.mean(at))) if None not in at else None
-        row["per_arm"][_label(claim, st, a)] = {
+        row["per_arm"][label] = {
             "primary": cs.t_interval([primary_points(r) for r in rs]),
             "final": cs.t_interval([final_points(r) for r in rs]),
             "selected": selected, "lr": rs[0].get("lr")}
+        if (drop := validation_collapse(validation or {}, st, a)) is not None:
+            row["collapse"][label] = drop
         small = [records.get((st, SETTINGS[st].small, s)) for s in seeds]
         if a != SETTINGS[st].small and None not in small:
-            why = cs.collapse([final_points(r) for r in rs], [best_points(r) for r in rs],
-                              [final_points(r) for r in small])
-            if why:
-                row["collapse"][_label(claim, st, a)] = why
-        try:
-            row["convergence"][_label(claim, st, a)] = cs.arm_convergence(
-                [curve_points(r) for r in rs])
+            versus = cs.t_interval([primary_points(r) - primary_points(q)
+                                    for r, q in zip(rs, small)])
+            if cs.below_small(versus):
+                row["below_small"][label] = versus
+        try:  # a description of each arm, not a gate
+            row["convergence"][label] = cs.arm_convergence([curve_points(r) for r in rs])
         except ValueError as e:  # too few evaluations for the two windows
-            row["convergence"][_label(claim, st, a)] = (False, str(e))
+            row["convergence"][label] = (False, str(e))
     diffs = [sum(c * primary_points(records[st, a, s]) for c, st, a in claim.terms)
              for s in seeds]
-    ci = cs.t_interval(diffs, cs.interval_for(claim.direction))
-    detect = cs.detectable(ci.std, need, claim.direction)
-    row |= {"differences": diffs, "test_error": test_set_error(claim, tier, records, seeds),
+    test_error = test_set_error(claim, tier, records, seeds)
+    ci = cs.combined_interval(diffs, test_error[0], cs.interval_for(claim.direction))
+    # the seeds' spread and the test set's error together, as one per-seed spread
+    spread = math.sqrt(ci.n) * math.sqrt(ci.std ** 2 / ci.n + ci.test_se ** 2) if ci.n > 1 \
+        else math.nan
+    detect = cs.detectable(spread, need, claim.direction)
+    row |= {"differences": diffs, "test_error": test_error,
             "by_round": differences_by_round(claim, records, seeds)}
+    try:
+        row["trend"] = cs.difference_trend(difference_curves(claim, records, seeds))
+    except ValueError:  # too few evaluations for the two windows
+        row["trend"] = None
     for st in settings:
         gap, gap_seeds = setting_gap(st, records)
         row["gaps"][st] = (gap, cs.discriminates(gap, detect) if gap else None, gap_seeds)
     row["below_target"] = [st for st, (gap, _, _) in row["gaps"].items()
                            if tier in reg.TIER_SEEDS and gap and gap.mean < GAP_TARGET]
-    p = cs.p_value(diffs, claim.direction, claim.margin)
+    p = cs.p_value(diffs, claim.direction, claim.margin, test_error[0])
     verdict, reason = None, ""
-    unconverged = [a for a, (ok, _) in row["convergence"].items() if ok is False]
     blind = [st for st, (_, ok, _) in row["gaps"].items() if ok is False]
     if len(seeds) < need:
         verdict, reason = cs.RUNNING, f"{len(seeds)} of {need} seeds"
-    elif unconverged:
-        verdict, reason = cs.NOT_CONVERGED, ", ".join(unconverged)
     elif blind:
         verdict, reason = cs.NOT_DISCRIMINATIVE, (
             "AllLarge - AllSmall does not exceed the detectable difference in "
@@ -154,9 +188,22 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
     # every claim with all its seeds is tested, gate passed or not; Holm's family leaves out
     # a claim equal to another
     row["tested"] = len(seeds) == need
-    row["verdict"] = cs.Verdict(verdict or cs.INCONCLUSIVE, ci, p, math.nan, detect, reason,
-                                tuple(f"{a}: {w}" for a, w in row["collapse"].items()))
+    row["verdict"] = cs.Verdict(verdict or cs.INCONCLUSIVE, ci, p, math.nan, detect, reason)
     return row
+
+
+def apply_stability(row: dict, decided: str) -> tuple[str, str]:
+    """The registry's ``VERDICT_RULE``: a reproduced / refuted verdict whose difference is not
+    stable reads unstable, with the reason."""
+    c = row["claim"]
+    if decided not in (cs.REPRODUCED, cs.REFUTED):
+        return decided, ""
+    if row.get("trend") is None:
+        return cs.UNSTABLE, "too few evaluations to read the difference's trend"
+    at_rounds = [ci for _, ci in row["by_round"][-reg.STABLE_AT_LAST:]]
+    ok, why = cs.stable(decided, c.direction, c.margin, row["verdict"].difference, at_rounds,
+                        row["trend"])
+    return (decided, "") if ok else (cs.UNSTABLE, f"{decided} at the primary metric, but {why}")
 
 
 def _identical(claim: Claim, records: dict, seeds: list[int]) -> bool | None:
@@ -172,17 +219,32 @@ def _identical(claim: Claim, records: dict, seeds: list[int]) -> bool | None:
                for m, t in pairs for s in seeds)
 
 
+def validation_records(tier: str, store: Path, pairs, rates: dict) -> dict:
+    """(setting, arm) -> its tuning records (validation split) at its chosen rate."""
+    by_hash = records_by_hash(store / "tuning" / tier)
+    out = {}
+    for st, a in pairs:
+        choice = rates.get((st, a))
+        if choice is not None and choice.lr is not None:
+            out[st, a] = [by_hash[h] for seed in reg.TUNING_SEEDS
+                          if (h := hash_or_none(tier, st, a, seed, choice.lr, tuning=True))
+                          in by_hash]
+    return out
+
+
 def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
              lr_mode: str = "tuned") -> list[dict]:
     """One row per claim of the tier with its verdict. Holm's family is every claim the tier
     plans (duplicates counted once), fixed before any run: a claim without all its seeds
     counts as p = 1, so an adjusted p never shrinks because other claims have not run yet.
     A claim whose gate fails keeps its adjusted p and what its test alone says
-    (``row["test_alone"]``), but no verdict."""
+    (``row["test_alone"]``), but no verdict; a decided claim whose difference still moves
+    reads unstable (``apply_stability``)."""
     records = load_records(tier, store, lr_mode) if records is None else records
     claims = [c for c in reg.CLAIMS.values() if tier in tiers_of(c)]
     rates = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
-    rows = [evaluate_claim(c, tier, records, rates) for c in claims]
+    validation = validation_records(tier, store, tier_pairs(claims), rates)
+    rows = [evaluate_claim(c, tier, records, rates, validation) for c in claims]
     adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["tested"] else 1.0
                         for r in rows if not r["claim"].same_as})
     for row in rows:
@@ -190,9 +252,11 @@ def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None
         if row["tested"]:  # a claim equal to another is decided at that one's adjusted p
             p_holm = adjusted[c.same_as or c.id]
             decided = cs.decide(row["differences"], c.direction, c.margin, p_holm)
+            decided, why = apply_stability(row, decided)
             if not row["testable"]:
-                row["test_alone"], decided = decided, v.verdict
-            v = cs.Verdict(decided, v.difference, v.p, p_holm, v.detectable, v.reason, v.flags)
+                row["test_alone"], decided, why = decided, v.verdict, ""
+            reason = "; ".join(x for x in (v.reason, why) if x)
+            v = cs.Verdict(decided, v.difference, v.p, p_holm, v.detectable, reason)
         row["verdict"] = v
         if c.same_as:
             row["identical"] = _identical(c, records, row["seeds"])
