@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     for p in (run, tune):
         p.add_argument("ids", nargs="*", help="claim ids or globs (default: every claim of the "
                        "tier, in the campaign's priority order)")
-        p.add_argument("--tier", choices=TIERS, default="mini" if p is tune else "cpu")
+        p.add_argument("--tier", choices=TIERS, default="mini",
+                       help="the tier (default mini: the papers' design in miniature)")
         p.add_argument("--arms", default="", metavar="LABEL,...",
                        help="only these arms, e.g. 'all-large,all-small' (the gate's) first, or "
                        "a disjoint share per process")

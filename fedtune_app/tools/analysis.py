@@ -638,7 +638,7 @@ def save_plots(runs: list[Run], folder, tsne: bool = False) -> list[Path]:
 
 # -- command line --------------------------------------------------------------------------
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedtune_app.tools.analysis",
+    parser = argparse.ArgumentParser(prog="fedtune analyze",
                                      description="Compare fedtune results folders.")
     sub = parser.add_subparsers(dest="command", required=True)
     compare = sub.add_parser("compare", help="print the paper-style table of results folders")
