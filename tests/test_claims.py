@@ -109,9 +109,10 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     table = claim_text.verdict_rows(list(rows.values()), {"t-a": rows["t-a"]})
     assert table[0].endswith("| verdict | at lr 0.01: difference (CI), verdict | robustness |")
     # the same verdict and sign at 0.01: robust to the rate; the other checks not run
-    assert table[2].endswith(f"| {text} | robust to the learning rate (+9.00 tuned, +9.00 at "
+    assert table[2].endswith(f"| {text} | robust to the learning rate (+9.00 here, +9.00 at "
                              f"0.01); {reg.NOT_CHECKED} |")
-    assert table[3].endswith("| - | - |")  # a claim with nothing at 0.01
+    assert table[3].endswith(  # a claim with nothing at 0.01
+        f"| - | the learning rate not checked (the papers' 0.01 not all in); {reg.NOT_CHECKED} |")
     # at 0.01 the difference turns: sensitive, with both numbers
     other = dict(hand_tier)
     for s in range(3):
@@ -119,7 +120,7 @@ def test_the_column_at_the_papers_rate_gives_the_difference_beside_the_verdict(h
     at_paper = _rows(other)["t-a"]
     assert at_paper["verdict"].verdict == cs.REFUTED
     assert claim_text.robustness(rows["t-a"], at_paper) == (
-        f"**sensitive to the learning rate** (reproduced -> refuted; +9.00 tuned, -11.00 at "
+        f"**sensitive to the learning rate** (reproduced -> refuted; +9.00 here, -11.00 at "
         f"0.01); {reg.NOT_CHECKED}")
     # the claim's section: each arm at 0.01 (FedRA 80, 81, 82: 81 ± 2.48; InclusiveFL 70, 72,
     # 74: s 2, 72 ± 4.97), then the same difference and verdict, and the command
@@ -891,3 +892,44 @@ def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):
     assert run_store.estimate_cost([done] + todo, tmp_path) == (
         f"4 of 5 runs to do: about {hours:.1f} core-hours at the stored seconds of the same arm; "
         "1 runs of arms with no stored run not counted")
+
+
+def test_a_robustness_check_judges_its_claims_on_its_own_runs_and_seeds(hand_tier, monkeypatch):
+    """A check (e.g. the papers' 100 rounds) evaluates only its claims, on its seeds, Holm over
+    them; the claim's robustness then reads it beside the learning rate's."""
+    check = reg.Check("more", "more rounds", {"num-server-rounds": 100}, ("t-a",), seeds=3)
+    monkeypatch.setattr(reg, "CHECKS", {"more": check})
+    rows = _rows(hand_tier)
+    same = verdicts.evaluate("t", records=hand_tier, check=check)
+    assert [r["claim"].id for r in same] == ["t-a"] and same[0]["need"] == 3
+    # a family of one: Holm leaves its p as it is (1 - sqrt(243 / 245))
+    assert same[0]["verdict"].p_holm == pytest.approx(1 - math.sqrt(243 / 245), rel=1e-9)
+    text = claim_text.robustness(rows["t-a"], rows["t-a"], {"more": {"t-a": same[0]}})
+    assert text == ("robust to the learning rate (+9.00 here, +9.00 at 0.01); robust to more "
+                    f"rounds (+9.00 here, +9.00 with more rounds); {reg.NOT_CHECKED}")
+    other = dict(hand_tier)
+    for s in range(3):
+        other["t-hand", "inclusivefl", s] = _flat(90.0 + 2 * s)  # differences -10, -11, -12
+    turned = {"t-a": verdicts.evaluate("t", records=other, check=check)[0]}
+    assert claim_text.robustness_word(rows["t-a"], rows["t-a"], {"more": turned}) == (
+        "sensitive to more rounds; robust to lr")
+    assert claim_text.robustness(rows["t-a"], rows["t-a"], {"more": {}}).startswith(
+        "robust to the learning rate (+9.00 here, +9.00 at 0.01); more rounds not checked "
+        "(3 seeds not all in)")
+    # a claim the check does not name: only the learning rate
+    assert "more rounds" not in claim_text.robustness(rows["t-b"], rows["t-b"], {"more": turned})
+
+
+def test_the_rounds_check_plans_its_claims_with_its_keys_on_its_seeds():
+    check = reg.CHECKS["rounds-100"]
+    specs = planning.plan_runs(list(check.claims), "mini", check.seeds, extra=check.keys)
+    assert {s.keys["num-server-rounds"] for s in specs} == {100}
+    assert {s.seed for s in specs} == set(range(check.seeds))
+    plain = planning.plan_runs(list(check.claims), "mini", check.seeds)
+    # other runs than the tier's: their hashes differ, and the records are told apart by them
+    assert not {s.hash for s in specs} & {s.hash for s in plain}
+    spec = specs[0]
+    assert run_store.hash_or_none("mini", spec.setting, spec.arm, spec.seed, spec.keys["lr"],
+                                  extra=check.keys) == spec.hash
+    with pytest.raises(SystemExit, match="--check rounds-100 names"):
+        cli.main(["run", "fedra-t1-near-alllarge", "--check", "rounds-100", "--dry-run"])

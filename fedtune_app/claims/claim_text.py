@@ -147,31 +147,63 @@ def beside_text(row: dict) -> str:
     return f"{difference_text(row)}: {verdict_text(row)}"
 
 
-def robustness(row: dict, at_paper_rate: dict | None) -> str:
-    """The registry's ``ROBUSTNESS_RULE``: one word per claim, with the numbers behind it."""
-    if at_paper_rate is None or not row["tested"]:
-        return "-"
-    if not at_paper_rate["tested"]:
-        return "not checked (the papers' 0.01 not all in)"
-    tuned, paper = row["verdict"], at_paper_rate["verdict"]
-    word = tuned.verdict if not row.get("test_alone") else row["test_alone"]
-    other = paper.verdict if not at_paper_rate.get("test_alone") else at_paper_rate["test_alone"]
-    numbers = f"{tuned.difference.mean:+.2f} tuned, {paper.difference.mean:+.2f} at 0.01"
-    if word == other and (tuned.difference.mean > 0) == (paper.difference.mean > 0):
-        return f"robust to the learning rate ({numbers}); {reg.NOT_CHECKED}"
-    return f"**sensitive to the learning rate** ({word} -> {other}; {numbers}); {reg.NOT_CHECKED}"
+def _word(row: dict) -> str:
+    """What a row's test says: its verdict, or what its test alone says where the gate failed."""
+    return row.get("test_alone") or row["verdict"].verdict
 
 
-def robustness_word(row: dict, at_paper_rate: dict | None) -> str:
+SHORT = {"the learning rate": "lr", "the papers' 100 rounds": "100 rounds"}
+
+
+def _against(row: dict, other: dict | None, what: str, label: str, need: str
+             ) -> tuple[str, str]:
+    """One part of ``robustness``: (robust / sensitive / not checked, its text), the claim
+    against its row under another choice."""
+    if other is None or not other["tested"]:
+        return "not checked", f"{what} not checked ({need})"
+    ours, theirs = row["verdict"].difference.mean, other["verdict"].difference.mean
+    numbers = f"{ours:+.2f} here, {theirs:+.2f} {label}"
+    if _word(row) == _word(other) and (ours > 0) == (theirs > 0):
+        return "robust", f"robust to {what} ({numbers})"
+    return "sensitive", f"**sensitive to {what}** ({_word(row)} -> {_word(other)}; {numbers})"
+
+
+def robustness_parts(row: dict, at_paper_rate: dict | None, checks: dict | None = None
+                     ) -> list[tuple[str, str, str]]:
+    """The registry's ``ROBUSTNESS_RULE``, part by part: (what, word, text) against the papers'
+    0.01 and against each check that names the claim (``checks``: check id -> {claim id: row})."""
+    if not row["tested"]:
+        return []
+    parts = [("the learning rate", *_against(row, at_paper_rate, "the learning rate", "at 0.01",
+                                              "the papers' 0.01 not all in"))]
+    for check_id, rows in (checks or {}).items():
+        check = reg.CHECKS[check_id]
+        if row["claim"].id in check.claims:
+            parts.append((check.what, *_against(row, rows.get(row["claim"].id), check.what,
+                                                f"with {check.what}",
+                                                f"{check.seeds} seeds not all in")))
+    return parts
+
+
+def robustness(row: dict, at_paper_rate: dict | None, checks: dict | None = None) -> str:
+    """The claim's robustness in words, with the numbers behind each part."""
+    parts = robustness_parts(row, at_paper_rate, checks)
+    return "; ".join([text for _, _, text in parts] + [reg.NOT_CHECKED]) if parts else "-"
+
+
+def robustness_word(row: dict, at_paper_rate: dict | None, checks: dict | None = None) -> str:
     """``robustness`` in a few words, for the forest plot."""
-    word = robustness(row, at_paper_rate)
-    return ("robust to lr" if word.startswith("robust") else
-            "sensitive to lr" if "sensitive" in word else "")
+    parts = robustness_parts(row, at_paper_rate, checks)
+    by_word = {w: [SHORT.get(what, what) for what, word, _ in parts if word == w]
+               for w in ("sensitive", "robust")}
+    return "; ".join(f"{w} to {', '.join(whats)}" for w, whats in by_word.items() if whats)
 
 
-def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[str]:
+def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None,
+                 checks: dict | None = None) -> list[str]:
     """The verdict table of a tier; ``at_paper_rate``: claim id -> its row at the papers' 0.01,
-    shown in a last column (tuned tiers)."""
+    shown in a last column (tuned tiers), with the claim's robustness (``checks``: as
+    ``robustness_parts``)."""
     head = ("| claim | paper | paper's difference | ours: difference (CI) | paper's against "
             "ours | ours / gap (paper's) | p | Holm p | detectable | seeds | verdict |")
     rule = "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -190,7 +222,7 @@ def verdict_rows(rows: list[dict], at_paper_rate: dict | None = None) -> list[st
         if at_paper_rate is not None:
             paper_row = at_paper_rate.get(c.id)
             line += (f" {'-' if paper_row is None else beside_text(paper_row)} | "
-                     f"{robustness(row, paper_row)} |")
+                     f"{robustness(row, paper_row, checks)} |")
         lines.append(line)
     return lines
 

@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     run.add_argument("--data-dir", action="append", default=[], metavar="DATASET=DIR",
                      help="the paper tier's data: the folder of one data set, set as 'data-dir' "
                      "on its runs only, e.g. nico++=/data/nico (repeat for domainnet)")
+    run.add_argument("--check", choices=list(reg.CHECKS), default=None,
+                     help="a robustness check of the registry: its claims (or those named) "
+                     "with its keys, on its seeds (rounds-100: the papers' 100 rounds)")
     run.add_argument("--lr", choices=LR_MODES, default="tuned",
                      help="on a tier with a rate grid: each arm's tuned rate (default) or the "
                      f"papers' {reg.PAPER_LR:g} for every arm")
@@ -121,6 +124,14 @@ def main(argv=None) -> int:
         from fedtune_app.federated.flower_private import parse_config_args
 
         extra = parse_config_args([args.set]) if args.set else {}
+        if args.check:  # a robustness check: its claims (or those named), keys and seeds
+            check = reg.CHECKS[args.check]
+            unknown = sorted(set(args.ids) - set(check.claims))
+            if unknown:
+                raise SystemExit(f"claims: --check {check.id} names {', '.join(check.claims)}; "
+                                 f"not {', '.join(unknown)}")
+            args.ids, args.seeds = args.ids or list(check.claims), args.seeds or check.seeds
+            extra |= check.keys
         data_dirs = parse_data_dirs(args.data_dir)
         if args.dry_run:
             print_dry_run(plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,

@@ -208,10 +208,11 @@ def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
     return out
 
 
-def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned"
-                 ) -> dict[tuple[str, str, int], dict]:
+def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned",
+                 extra: dict | None = None) -> dict[tuple[str, str, int], dict]:
     """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
-    (a setting shares the runs of another with the same keys), at each arm's rate."""
+    (a setting shares the runs of another with the same keys), at each arm's rate; ``extra``:
+    the runs made with these keys over the tier's (a robustness check's)."""
     by_hash = records_by_hash(store / "runs" / tier)
     out = {}
     if not by_hash:
@@ -222,7 +223,8 @@ def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned"
         if (setting_id, arm) not in rates:
             continue  # not tuned yet
         for seed in range(MAX_SEEDS):
-            spec_hash = hash_or_none(tier, setting_id, arm, seed, rates[setting_id, arm])
+            spec_hash = hash_or_none(tier, setting_id, arm, seed, rates[setting_id, arm],
+                                     extra=extra)
             if spec_hash in by_hash:
                 out[setting_id, arm, seed] = by_hash[spec_hash]
     return out

@@ -242,20 +242,24 @@ def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
     return str(out)
 
 
-def tier_rows(tier: str, store: Path) -> tuple[dict, list[dict], dict | None]:
-    """A tier's records, its claims' rows, and (tuned tiers) its rows at the papers' 0.01."""
+def tier_rows(tier: str, store: Path) -> tuple[dict, list[dict], dict | None, dict]:
+    """A tier's records, its claims' rows, and (tuned tiers) its rows at the papers' 0.01 and
+    under each robustness check (check id -> {claim id: row})."""
     records = load_records(tier, store)
     rows = evaluate(tier, store, records)
-    at_paper_rate = ({r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
-                     if tier in reg.LR_GRID else None)
-    return records, rows, at_paper_rate
+    if tier not in reg.LR_GRID:
+        return records, rows, None, {}
+    at_paper_rate = {r["claim"].id: r for r in evaluate(tier, store, lr_mode="paper")}
+    checks = {c.id: {r["claim"].id: r for r in evaluate(tier, store, check=c)}
+              for c in reg.CHECKS.values()}
+    return records, rows, at_paper_rate, checks
 
 
 def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
-                   at_paper_rate: dict | None) -> list[str]:
+                   at_paper_rate: dict | None, checks: dict) -> list[str]:
     """The report's first screen: every claim of the tier in one forest plot, and the count of
     each verdict."""
-    words = {r["claim"].id: robustness_word(r, (at_paper_rate or {}).get(r["claim"].id))
+    words = {r["claim"].id: robustness_word(r, (at_paper_rate or {}).get(r["claim"].id), checks)
              for r in rows}
     png = store / f"{tier}-forest.png"
     title = f"Tier {tier}: {TIER_TITLE.get(tier, tier)}"
@@ -264,24 +268,24 @@ def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
     counts: dict = {}
     for row in rows:
         counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
-    sensitive = sum(w.startswith("sensitive") for w in words.values())
+    sensitive = sum("sensitive" in w for w in words.values())
     return [f"![{tier} verdicts]({png.relative_to(out.parent).as_posix()})", "",
             f"Tier `{tier}`, {len(rows)} claims: "
             + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
             + f"; {sensitive} of them sensitive to the learning rate (the papers' 0.01 against "
-            "the tuned rates); another backbone and the papers' 100 rounds not checked yet. "
-            "Each claim's numbers: the table and sections below.", ""]
+            "the tuned rates) or, where checked, to the papers' 100 rounds; another backbone "
+            "not checked yet. Each claim's numbers: the table and sections below.", ""]
 
 
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
-                 at_paper_rate: dict | None) -> list[str]:
+                 at_paper_rate: dict | None, checks: dict) -> list[str]:
     claims = [r["claim"] for r in rows]
     choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
-    lines += (verdict_rows(rows, at_paper_rate) + [""] + tier_summary(rows, records)
+    lines += (verdict_rows(rows, at_paper_rate, checks) + [""] + tier_summary(rows, records)
               + tier_cost(tier, records, store))
     if choices:
         lines += [f"### Learning rates of tier `{tier}`", "",

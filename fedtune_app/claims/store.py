@@ -208,17 +208,18 @@ def records_by_hash(folder: Path) -> dict[str, dict]:
 _HASHES: dict = {}
 
 
-def hash_or_none(tier, setting_id, arm, seed, lr=None, tuning=False):
-    """The config hash of a (setting, arm, seed) at a rate, None where the arm does not fit the
-    setting or the config does not resolve (e.g. a preset this checkout lacks)."""
+def hash_or_none(tier, setting_id, arm, seed, lr=None, tuning=False, extra=None):
+    """The config hash of a (setting, arm, seed) at a rate (``extra``: keys over it, a
+    robustness check's), None where the arm does not fit the setting or the config does not
+    resolve (e.g. a preset this checkout lacks)."""
     setting = SETTINGS.get(setting_id)  # keyed on what the registry says now (tests change it)
     key = (tier, setting_id, arm, seed, lr, tuning, repr(setting and setting.tiers.get(tier)),
-           repr(reg.TUNING_KEYS) if tuning else "")
+           repr(reg.TUNING_KEYS) if tuning else "", repr(extra))
     if key not in _HASHES:
         try:
             keys = (tuning_config(tier, setting_id, arm, seed, lr) if tuning
                     else run_config(tier, setting_id, arm, seed, lr))
-            _HASHES[key] = config_hash(keys)
+            _HASHES[key] = config_hash(keys | (extra or {}))
         except Exception:  # an arm that does not fit the setting (e.g. HeteroTune, one model)
             _HASHES[key] = None
     return _HASHES[key]

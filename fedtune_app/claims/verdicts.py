@@ -114,11 +114,11 @@ def validation_collapse(validation: dict, setting: str, arm: str) -> float | Non
 
 
 def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = None,
-                   validation: dict | None = None) -> dict:
+                   validation: dict | None = None, need: int | None = None) -> dict:
     """A claim's numbers and its verdict before Holm's adjustment (``evaluate`` adjusts and
     applies the stability rule); ``validation``: the arms' tuning records at their chosen rate,
-    which alone say whether an arm collapsed."""
-    need = claim_seeds(claim, tier)
+    which alone say whether an arm collapsed; ``need``: its seeds (default: the tier's)."""
+    need = need or claim_seeds(claim, tier)
     settings = claim_settings(claim)
     seeds = [s for s in range(need) if all((st, a, s) in records for _, st, a in claim.terms)]
     row = {"claim": claim, "tier": tier, "seeds": seeds, "need": need, "per_arm": {},
@@ -233,18 +233,22 @@ def validation_records(tier: str, store: Path, pairs, rates: dict) -> dict:
 
 
 def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
-             lr_mode: str = "tuned") -> list[dict]:
+             lr_mode: str = "tuned", check: reg.Check | None = None) -> list[dict]:
     """One row per claim of the tier with its verdict. Holm's family is every claim the tier
     plans (duplicates counted once), fixed before any run: a claim without all its seeds
     counts as p = 1, so an adjusted p never shrinks because other claims have not run yet.
     A claim whose gate fails keeps its adjusted p and what its test alone says
     (``row["test_alone"]``), but no verdict; a decided claim whose difference still moves
-    reads unstable (``apply_stability``)."""
-    records = load_records(tier, store, lr_mode) if records is None else records
-    claims = [c for c in reg.CLAIMS.values() if tier in tiers_of(c)]
+    reads unstable (``apply_stability``). ``check``: a robustness check's claims, on its runs
+    and seeds, Holm over them."""
+    if records is None:
+        records = load_records(tier, store, lr_mode, check and check.keys)
+    claims = ([reg.CLAIMS[i] for i in check.claims] if check else
+              [c for c in reg.CLAIMS.values() if tier in tiers_of(c)])
     rates = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
     validation = validation_records(tier, store, tier_pairs(claims), rates)
-    rows = [evaluate_claim(c, tier, records, rates, validation) for c in claims]
+    rows = [evaluate_claim(c, tier, records, rates, validation, check and check.seeds)
+            for c in claims]
     adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["tested"] else 1.0
                         for r in rows if not r["claim"].same_as})
     for row in rows:
