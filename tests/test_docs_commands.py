@@ -329,6 +329,8 @@ def check_command(command: str, variables: dict) -> None:
         elif word == "jupyter":  # `jupyter X` is the package X, which the lock must install
             assert re.search(rf"^{argv[0]}==", (ROOT / "requirements.lock").read_text(), re.M), \
                 f"jupyter {argv[0]}: the package {argv[0]!r} is not in requirements.lock"
+        elif word == "source":  # the venv's activation script, which `make setup` makes
+            assert (ROOT / argv[0]).is_file(), f"source {argv[0]}: no such file"
         elif word in SHELL_BUILTINS:
             pass
         else:
