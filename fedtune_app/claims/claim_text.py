@@ -123,14 +123,14 @@ def arm_row(arm: str, rs: list[dict], choice: RateChoice | None = None) -> str:
     under_best = np.mean([final_points(r) - best_points(r) for r in rs])
     lr = rs[0].get("lr")
     return (f"| {arm} | {len(rs)} | {ci_text(prim)} | {finals_text} | {selected} | {window} | "
-            f"{under_best:+.2f}{' (falls)' if under_best < -cs.COLLAPSE_POINTS else ''} | "
+            f"{under_best:+.2f} | "
             f"{'-' if lr is None else f'{lr:g}'} | {sum(r['rejected-replies'] for r in rs)} | "
             f"{secs} |")
 
 
 ARM_HEADER = ["| arm | seeds | primary % (95% CI) | final % (95% CI) | validation-chosen round "
-              "(test %) | last-20% gain (95% CI), flat by 1 point | final - own best | lr | "
-              "rejected replies | seconds per run (CPU) |",
+              "(test %) | last-20% gain (95% CI), flat by 1 point | final - own best (test, "
+              "a description) | lr | rejected replies | seconds per run (CPU) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
 
 
