@@ -259,8 +259,14 @@ HETERO_CIFAR = dict(paper_large=80.76, paper_small=62.25,
                     paper_gap="HeteroTune Tables 1 and 5, CIFAR-10 Avg")
 # the LoRA-rank settings: all 12 blocks on every client; gate arms and the papers' numbers
 RANK_KEYS = {"capacities": "12*6"}
+# the rank papers' result tables were searched for on 2026-11-28 and none could be read: the
+# stored arXiv pages hold their abstracts only, the official repositories (FLoRA, FlexLoRA,
+# FedEx-LoRA) run commands but print no results, a conference poster page shows its tables as
+# images, and two secondary notes quoting FedEx-LoRA's GLUE table disagree with each other
+# (so neither is quoted as the paper's); HetLoRA has no public code
 RANK_GATE = dict(reference="fedit-r8", small="fedit-r2", paper_large=None, paper_small=None,
-                 paper_gap="the rank papers' tables could not be read offline")
+                 paper_gap="the rank papers' tables could not be read offline (searched: "
+                 "their abstracts, official repositories and a poster page; no table readable)")
 DOMAIN_SKEW = {"partitioner": "domain-dirichlet", "clients-per-domain": 5, "dirichlet-alpha": 0.5,
                "capacity-profile": "per-domain", "capacities": "12,10,8,6,4,3",
                "clients-per-round": 6, "client-sampling": "per-domain"}
