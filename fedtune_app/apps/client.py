@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from fedtune_app.apps.faults import after_training, before_training
-from fedtune_app.config import ConfigError, RunConfig
+from fedtune_app.config import ConfigError, RunConfig, parse_faults
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.data.scenarios import check_rank
 from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
@@ -47,6 +47,7 @@ from fedtune_app.model.block_store import (
 from fedtune_app.model.frozen_weights import cache_dir, with_checkpoint
 from fedtune_app.model.perf import process_stats
 from fedtune_app.model.published_blocks import PublishedBlocks
+from fedtune_app.training.batched import Cohort, NotBatchable, not_batchable
 from fedtune_app.training.local import check_precision, pick_device, round_lr
 
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
@@ -228,3 +229,84 @@ def handle_train(msg: Message, context: Context) -> Message:
     metrics = {FIT_SECONDS: fit_seconds, TRAIN_SECONDS: time.perf_counter() - started,
                CHECKPOINT_BYTES: fetched, **process_stats()}
     return TrainReply(to_record(updated), num_examples, loss, metrics).to_message(msg)
+
+
+def handle_train_cohort(items: list[tuple[Message, Context]]) -> dict[int, Message]:
+    """The batched client engine (run-config key ``client-engine = "batched"``): the train
+    messages of one round, delivered in one process, trained as cohorts (one per shared model:
+    same method, backbone and training config) by ``training.batched.Cohort``. Returns the
+    replies by position in ``items``; a message it does not answer (its method's step is not
+    plain local training, a fault, a model the cohort cannot split) goes to ``handle_train``,
+    which answers it exactly as before. Each reply is built as ``handle_train`` builds it."""
+    started = time.perf_counter()
+    cohorts: dict = {}
+    for index, (msg, context) in enumerate(items):
+        try:
+            prepared = _cohort_member(msg, context)
+        except Exception:  # noqa: BLE001 - the sequential path raises it again, as an error reply
+            continue
+        if prepared is not None:
+            key = (id(prepared["model"]), prepared["cfg"].training)
+            cohorts.setdefault(key, []).append((index, prepared))
+    replies: dict[int, Message] = {}
+    for members in cohorts.values():
+        try:
+            replies |= _train_cohort(members, started)
+        except NotBatchable:
+            continue  # every member goes the sequential way
+    return replies
+
+
+def _cohort_member(msg: Message, context: Context) -> dict | None:
+    """What ``handle_train`` works out before training, for one message (None: the sequential
+    path trains it)."""
+    cfg, fetched = node_config_of(context)
+    group = node_group(cfg, context)
+    task = TrainTask.from_message(msg)
+    cfg = group_config(cfg, group).replace(lr=round_lr(cfg, task.server_round))
+    recipe = recipe_for(cfg, group)
+    if not_batchable(cfg, recipe) is not None or parse_faults(cfg.federation.fault_injection):
+        return None
+    pid, _, examples, _ = local_data(cfg, context)
+    model, device = runtime(cfg, recipe, context.node_config)
+    plan = task.layers
+    if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
+        return None  # the sequential path says what is wrong with it
+    return dict(msg=msg, context=context, cfg=cfg, fetched=fetched, task=task, recipe=recipe,
+                pid=pid, examples=examples, model=model, device=device)
+
+
+def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, Message]:
+    first = members[0][1]
+    model, device = first["model"], first["device"]
+    cohort = Cohort(model, first["cfg"].training, device)
+    hold_blocks(model, sorted({j for _, m in members for j in m["task"].layers}))
+    joined = []
+    for index, m in members:  # each client prepared by its own recipe on the shared model
+        recipe, plan, task = m["recipe"], m["task"].layers, m["task"]
+        try:
+            recipe.configure(task.config())
+            m["params"] = params = recipe.trainables(model, plan)
+            recipe.assign(model, plan, from_record(task.arrays))
+            recipe.begin(params, m["context"])
+        except (ValueError, KeyError):  # a payload it refuses: its error reply comes from
+            continue  # the sequential path
+        seed = m["cfg"].seed * 1_000_003 + task.server_round * 1009 + m["pid"]
+        cohort.add(plan, params, replace(m["examples"], max_batches=task.max_batches), seed)
+        joined.append((index, m))
+    members = joined
+    if not members:
+        return {}
+    fit_started = time.perf_counter()
+    losses = cohort.train()
+    fit_seconds = (time.perf_counter() - fit_started) / len(members)  # each client's share
+    replies = {}
+    for k, (index, m) in enumerate(members):
+        cohort.load(k)
+        updated = m["recipe"].trained(m["params"]) | m["recipe"].reply()
+        metrics = {FIT_SECONDS: fit_seconds,
+                   TRAIN_SECONDS: (time.perf_counter() - started) / len(members),
+                   CHECKPOINT_BYTES: m["fetched"], **process_stats()}
+        replies[index] = TrainReply(to_record(updated), len(m["examples"]), losses[k],
+                                    metrics).to_message(m["msg"])
+    return replies

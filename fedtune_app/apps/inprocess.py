@@ -19,7 +19,7 @@ import contextlib
 import itertools
 from typing import Callable
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedtune_app.federated.flower_private import (
@@ -38,7 +38,8 @@ class InProcessGrid(Grid):
     synchronous = True  # every reply exists once ``push_messages`` returns: no waiting loop
 
     def __init__(self, client_app, node_configs: list[dict], run_config: dict,
-                 faults: dict[int, Fault] | None = None, keep_sent: bool = True):
+                 faults: dict[int, Fault] | None = None, keep_sent: bool = True,
+                 engine: str = "sequential"):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
         self.client_app, self.run_config = client_app, dict(run_config)
         self.node_ids: list[int] = []  # every node ever connected; faults index this list
@@ -54,6 +55,9 @@ class InProcessGrid(Grid):
         self.sent: list[Message] = []
         self._replies: dict[str, list[Message]] = {}
         self._ids = itertools.count(1)
+        # 'batched': the train messages of one push go to the batched client engine first
+        # (``client.handle_train_cohort``); what it does not answer goes to ``client_app``
+        self.engine = engine
 
     def set_run(self, run) -> None:
         pass
@@ -93,9 +97,12 @@ class InProcessGrid(Grid):
         return [n for n in self.node_ids if n in self.online]
 
     def push_messages(self, messages):
-        ids = []
-        for msg in messages:
+        messages = list(messages)
+        for msg in messages:  # replies refer to these ids: set before any is answered
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+        batched = self._batched(messages)
+        ids = []
+        for index, msg in enumerate(messages):
             if self.keep_sent:
                 self.sent.append(msg)
             if msg.metadata.dst_node_id not in self.online:  # the SuperLink answers for it
@@ -107,7 +114,8 @@ class InProcessGrid(Grid):
                 ids.append(msg.metadata.message_id)
                 continue
             try:
-                reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+                reply = batched.get(index) or self.client_app(
+                    msg, self.contexts[msg.metadata.dst_node_id])
             except Exception as err:  # what the real runtime does: an Error reply
                 reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                       reason=f"{err.__class__.__name__}: {err}"), reply_to=msg)
@@ -120,6 +128,19 @@ class InProcessGrid(Grid):
             self._replies[msg.metadata.message_id] = replies
             ids.append(msg.metadata.message_id)
         return ids
+
+    def _batched(self, messages) -> dict:
+        """Replies of the batched engine to the train messages among ``messages``, by
+        position (none with the sequential engine)."""
+        if self.engine == "sequential":
+            return {}
+        from fedtune_app.apps.client import handle_train_cohort
+
+        train = [(i, m) for i, m in enumerate(messages) if m.metadata.message_type == MessageType.TRAIN
+                 and m.metadata.dst_node_id in self.online]
+        replies = handle_train_cohort([(m, self.contexts[m.metadata.dst_node_id])
+                                       for _, m in train])
+        return {train[k][0]: reply for k, reply in replies.items()}
 
     def pull_messages(self, message_ids):
         return [r for i in message_ids for r in self._replies.pop(i, [])]
@@ -144,7 +165,9 @@ def run_inprocess(run_config: dict, client_app=None) -> str:
         from fedtune_app.apps.client_app import app as client_app
     cfg = resolve_config(run_config)
     nodes = simulation_nodes(num_clients(cfg))
-    return run_federation(InProcessGrid(client_app, nodes, run_config, keep_sent=False), cfg)
+    grid = InProcessGrid(client_app, nodes, run_config, keep_sent=False,
+                         engine=cfg.training.client_engine)
+    return run_federation(grid, cfg)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,332 @@
+"""The batched client engine: the clients of a round trained together over the shared frozen
+backbone, each getting exactly its own gradient.
+
+Every client of a round runs the same frozen backbone; only its small trainable tensors (LoRA
+factors, bottleneck adapters, the head) differ. A ``Cohort`` therefore
+
+- concatenates the clients' batches of each local step into one batch;
+- runs every frozen module once over the rows of the clients that hold it: the stem and neck on
+  every row, block ``j`` on the rows of the clients whose plan holds ``j`` (FedRA's random
+  subsets: the rows are gathered, the block runs, the rows are written back; the blocks run in
+  ascending order, so each client sees its own plan's blocks in its own order);
+- stacks, per Linear layer holding a trainable tensor, the clients' weights into one tensor of
+  shape (clients, out, in) and applies each client's weight to its own rows (``torch.bmm`` when
+  the clients' slices are equally long, one matmul per client otherwise); a rank-heterogeneous
+  client's LoRA is already rank R with zero components beyond its rank (``RankRecipe.assign``),
+  which is exactly the zero-padding to the largest rank;
+- sums the clients' mean losses: client c's tensors only touch client c's rows, so the gradient
+  of the sum with respect to them is the gradient of client c's own loss;
+- clips each client's gradient by its own norm and steps one optimizer over the stacks (SGD and
+  AdamW are elementwise, so each client's slice follows its own update, state included);
+- draws each client's LoRA dropout masks from its own generator seeded as the sequential path
+  seeds torch's global one, in the same order (its blocks ascending), so the masks are equal;
+- lets a client with fewer steps drop out of the batch when its batches run out: its tensors are
+  taken at that moment (after its last step) and its slices are never read again, which is the
+  same as freezing its parameters and optimizer state.
+
+What a client receives and sends back is unchanged: the caller prepares each client with its
+recipe's own ``configure``/``assign``/``begin`` on the shared model (``Cohort.add`` takes a copy
+of the tensors it set), and after ``train`` loads each client's trained tensors back into the
+model (``Cohort.load``) to build its reply with the recipe's own ``trained``/``reply``.
+
+Only the plain local step is batched: ``not_batchable`` (the one place that says which clients
+fall back to the sequential path) refuses a recipe with its own loss or training loop (DepthFL's
+exits, FedBRICK's stages, FedMD's digest, HetLoRA's pruning term, HeteroTune's adapters,
+pFedLoRA's phases), a FedProx/FedDyn term, full fine-tuning, and a model the cohort forward
+cannot split by rows (text families, whose blocks take a per-row attention mask; dropout other
+than LoRA's, which draws from torch's global generator).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedtune_app.config import ConfigError, RunConfig, TrainingConfig
+from fedtune_app.data.splits import Examples
+from fedtune_app.model.adapters import trainable_parameters
+from fedtune_app.model.backbones import LayeredModel
+from fedtune_app.training.local import autocast, make_optimizer, to_device
+from fedtune_app.training.recipes import ClientRecipe
+
+ENGINES = ("sequential", "batched")
+_BLOCK_PREFIX = "blocks."
+
+
+class NotBatchable(Exception):
+    """Why a client (or a model) trains on the sequential path instead."""
+
+
+def check_engine(name: str) -> str:
+    if name not in ENGINES:
+        raise ConfigError(f"run-config key 'client-engine' = {name!r} is not allowed; allowed: "
+                          f"{', '.join(ENGINES)}")
+    return name
+
+
+def not_batchable(cfg: RunConfig, recipe: ClientRecipe) -> str | None:
+    """Why this client's local step cannot join a cohort (None: it can). The one place that
+    decides which methods the batched engine covers: those whose client step is plain local
+    training of its trainable tensors, i.e. whose recipe keeps ``ClientRecipe``'s loss and
+    training loop (FedRA, AllLarge, AllSmall, InclusiveFL's clients, FlexiFed, FedIT, FLoRA,
+    FlexLoRA, FedEx-LoRA, FFA-LoRA, FedSA-LoRA)."""
+    kind = type(recipe)
+    if kind.loss is not ClientRecipe.loss or kind.fit is not ClientRecipe.fit:
+        return f"method {cfg.method!r} has its own local loss or training loop"
+    if cfg.objective[0] != "plain":
+        return f"local objective {cfg.objective[0]!r} adds a term per client"
+    if cfg.adapter.client_trains == "full":
+        return "full fine-tuning trains the shared backbone itself"
+    return None
+
+
+@dataclass
+class _Client:
+    plan: tuple[int, ...]
+    examples: Examples
+    seed: int
+    trained: set[str]  # model parameter names this client trains
+    values: dict[str, torch.Tensor]  # model parameter name -> its value when it was added
+
+
+class _Layout:
+    """Which clients' rows the module being run sees: cohort indices and row counts, in order."""
+
+    def __init__(self):
+        self.clients: list[int] = []
+        self.sizes: list[int] = []
+
+
+class Cohort:
+    """Clients of one round sharing ``model`` (one backbone, one method); see the module doc."""
+
+    def __init__(self, model: LayeredModel, training: TrainingConfig, device: torch.device):
+        if model.family != "timm":
+            raise NotBatchable(f"the {model.family!r} family's blocks take a per-row context "
+                               "(attention masks) the cohort forward does not split")
+        self.model, self.training, self.device = model, training, device
+        named = _model_names(model, trainable_parameters(model))
+        trainable = {n for n, p in named if p.requires_grad}
+        # frozen tensors among the method's (the merged ``lora_delta``): the server sends every
+        # client the same, so the model's one copy serves them all (``add`` checks)
+        self.shared = {n: p for n, p in named if not p.requires_grad}
+        # every Linear holding a trainable tensor gets one weight per client
+        self.linears: dict[str, nn.Linear] = {
+            name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)
+            and any(f"{name}.{p}" in trainable for p, _ in m.named_parameters(recurse=False))}
+        covered = {f"{name}.{p}" for name, m in self.linears.items()
+                   for p, _ in m.named_parameters(recurse=False)}
+        if trainable - covered:
+            raise NotBatchable(f"trainable tensors outside a Linear layer: "
+                               f"{sorted(trainable - covered)[:3]}")
+        self.dropouts: dict[str, nn.Dropout] = {}
+        for name, m in model.named_modules():
+            rate = getattr(m, "p", getattr(m, "drop_prob", 0.0))
+            if isinstance(m, nn.Dropout) and ".lora_dropout." in f".{name}.":
+                self.dropouts[name] = m
+            elif ("Dropout" in type(m).__name__ or "DropPath" in type(m).__name__) and rate:
+                raise NotBatchable(f"{name} ({type(m).__name__}, p={rate}) draws from torch's "
+                                   "global generator")
+        self.clients: list[_Client] = []
+        self.layout = _Layout()
+
+    # ---- building the cohort -------------------------------------------------------------
+
+    def add(self, plan, params: dict[str, nn.Parameter], examples: Examples, seed: int) -> int:
+        """A client, prepared on the shared model (its recipe's ``assign``/``begin`` done):
+        its plan, the parameters it trains (``recipe.trainables``), its data and seed. The
+        model's per-client tensors are copied now; returns the client's index."""
+        by_id = {id(p): n for n, p in self.model.named_parameters()}
+        trained = {by_id[id(p)] for p in params.values()}
+        values = {f"{name}.{p}": t.detach().clone() for name, m in self.linears.items()
+                  for p, t in m.named_parameters(recurse=False)}
+        for name, param in self.shared.items():
+            first = self.clients[0].values[name] if self.clients else None
+            if first is not None and not torch.equal(first, param.detach()):
+                raise NotBatchable(f"{name} (frozen) differs between the clients")
+            values[name] = param.detach().clone()
+        self.clients.append(_Client(tuple(plan), examples, seed, trained, values))
+        return len(self.clients) - 1
+
+    def load(self, index: int) -> None:
+        """Client ``index``'s tensors (trained, after ``train``) into the shared model."""
+        values = self.clients[index].values
+        with torch.no_grad():
+            for name, m in self.linears.items():
+                for p, t in m.named_parameters(recurse=False):
+                    t.copy_(values[f"{name}.{p}"])
+
+    # ---- training --------------------------------------------------------------------------
+
+    def train(self) -> list[float]:
+        """Every client's local training at once; returns each client's mean training loss
+        and leaves its trained tensors for ``load``."""
+        clients, training = self.clients, self.training
+        stacks = self._stacks()
+        trained = [t for t in stacks.values() if t.requires_grad]
+        if not trained:
+            raise NotBatchable("the clients train no tensor")
+        optimizer = make_optimizer(trained, training)
+        generators = [torch.Generator(self.device).manual_seed(c.seed) for c in clients]
+        batches = [_batches(c.examples, training, c.seed) for c in clients]
+        totals = [torch.zeros((), device=self.device) for _ in clients]
+        counts = [0] * len(clients)
+        active = list(range(len(clients)))
+        self.model.train()
+        with self._per_client(stacks, generators):
+            while active:
+                step = [(i, next(batches[i], None)) for i in active]
+                for i, batch in step:
+                    if batch is None:  # out of batches: its tensors as after its last step
+                        self._take(i, stacks)
+                step = [(i, b) for i, b in step if b is not None]
+                active = [i for i, _ in step]
+                if not active:
+                    break
+                sizes = [len(b[1]) for _, b in step]
+                inputs = to_device(_cat([b[0] for _, b in step]), self.device)
+                labels = torch.cat([b[1] for _, b in step]).to(self.device)
+                with autocast(training.precision, self.device):
+                    logits = self._forward(inputs, active, sizes)
+                losses = [ce.mean() for ce in nn.functional.cross_entropy(
+                    logits.float(), labels, reduction="none").split(sizes)]
+                optimizer.zero_grad(set_to_none=True)
+                torch.stack(losses).sum().backward()
+                if training.grad_clip > 0:
+                    _clip_per_client(trained, training.grad_clip)
+                optimizer.step()
+                for i, loss, n in zip(active, losses, sizes):
+                    totals[i] += loss.detach() * n
+                    counts[i] += n
+        self.model.eval()
+        return [t.item() / max(n, 1) for t, n in zip(totals, counts)]
+
+    def _stacks(self) -> dict[str, torch.Tensor]:
+        """Model parameter name -> (clients, *shape), a leaf that requires grad when a client
+        trains it. A tensor trained by some of the clients holding it and used frozen by others
+        would need a mask per client: no recipe does that, so it is refused."""
+        stacks = {}
+        for name in self.clients[0].values:
+            if name in self.shared:
+                continue
+            holders = [c for c in self.clients if _holds(c.plan, name)]
+            training = {name in c.trained for c in holders}
+            if len(training) > 1:
+                raise NotBatchable(f"{name} is trained by some clients and frozen for others")
+            stack = torch.stack([c.values[name] for c in self.clients]).to(self.device)
+            stacks[name] = stack.requires_grad_(training == {True})
+        return stacks
+
+    def _take(self, index: int, stacks: dict[str, torch.Tensor]) -> None:
+        client = self.clients[index]
+        client.values = {n: t[index].detach().clone() for n, t in stacks.items()}
+
+    def _forward(self, inputs, active: list[int], sizes: list[int]) -> torch.Tensor:
+        """``LayeredModel.forward`` over the concatenated batch, each block on its holders' rows."""
+        model, layout = self.model, self.layout
+        layout.clients, layout.sizes = active, sizes
+        x, ctx = model.embed(inputs)
+        starts = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        for j in sorted({j for i in active for j in self.clients[i].plan}):
+            held = [k for k, i in enumerate(active) if j in self.clients[i].plan]
+            if len(held) == len(active):
+                x = model.run_block(model.blocks[j], x, ctx)
+                continue
+            rows = torch.cat([torch.arange(starts[k], starts[k + 1]) for k in held]).to(x.device)
+            layout.clients, layout.sizes = [active[k] for k in held], [sizes[k] for k in held]
+            x = x.index_copy(0, rows, model.run_block(model.blocks[j], x.index_select(0, rows),
+                                                      ctx))
+            layout.clients, layout.sizes = active, sizes
+        return model.classify(x, ctx)
+
+    # ---- the per-client modules --------------------------------------------------------------
+
+    def _per_client(self, stacks, generators):
+        """While training, each stacked Linear and LoRA dropout computes per client (an instance
+        ``forward`` shadows the class's; removed again on exit)."""
+        cohort = self
+
+        class Patched:
+            def __enter__(self):
+                for name, m in cohort.linears.items():
+                    m.forward = functools.partial(cohort._linear, stacks[f"{name}.weight"],
+                                                  stacks.get(f"{name}.bias"))
+                for m in cohort.dropouts.values():
+                    m.forward = functools.partial(cohort._dropout, m, generators)
+
+            def __exit__(self, *exc):
+                for m in [*cohort.linears.values(), *cohort.dropouts.values()]:
+                    del m.forward
+
+        return Patched()
+
+    def _select(self, stack: torch.Tensor) -> torch.Tensor:
+        clients = self.layout.clients
+        if len(clients) == len(self.clients):  # every client, in order: no copy
+            return stack
+        return stack.index_select(0, torch.tensor(clients, device=stack.device))
+
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor):
+        w, sizes = self._select(weight), self.layout.sizes
+        b = None if bias is None else self._select(bias)
+        if len(set(sizes)) == 1:  # equal slices: one batched matmul
+            xs = x.reshape(len(sizes), -1, x.shape[-1])
+            y = (torch.bmm(xs, w.transpose(1, 2)) if b is None
+                 else torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2)))
+            return y.reshape(*x.shape[:-1], w.shape[1])
+        return torch.cat([nn.functional.linear(part, w[k], None if b is None else b[k])
+                          for k, part in enumerate(x.split(sizes))])
+
+    def _dropout(self, module: nn.Dropout, generators, x: torch.Tensor) -> torch.Tensor:
+        """torch's CPU dropout, noise = bernoulli(1 - p) / (1 - p), drawn per client from its
+        own generator (the fused CUDA kernel draws differently: there masks are per client but
+        not the sequential path's)."""
+        p = module.p
+        if not module.training or p == 0:
+            return x
+        if p == 1:
+            return x * 0.0
+        parts = []
+        for i, part in zip(self.layout.clients, x.split(self.layout.sizes)):
+            noise = torch.empty_like(part).bernoulli_(1 - p, generator=generators[i])
+            parts.append(part * noise.div_(1 - p))
+        return torch.cat(parts)
+
+
+def _holds(plan, name: str) -> bool:
+    """Whether a client with ``plan`` holds the model parameter ``name`` (shared parts: yes)."""
+    if not name.startswith(_BLOCK_PREFIX):
+        return True
+    return int(name.split(".")[1]) in plan
+
+
+def _model_names(model: nn.Module, params: dict[str, nn.Parameter]):
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [(by_id[id(p)], p) for p in params.values()]
+
+
+def _batches(examples: Examples, training: TrainingConfig, seed: int):
+    """The client's batches, as ``train_local`` draws them (its own generator, every epoch)."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(training.local_epochs):
+        yield from examples.batches(training.batch_size, generator=gen)
+
+
+def _cat(parts):
+    if isinstance(parts[0], dict):
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return torch.cat(parts)
+
+
+def _clip_per_client(stacks: list[torch.Tensor], max_norm: float) -> None:
+    """``clip_grad_norm_`` for each client on its own slices: the norm over its tensors,
+    coefficient max_norm / (norm + 1e-6) capped at 1, applied as torch applies it."""
+    grads = [t.grad for t in stacks if t.grad is not None]
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads])
+    total = torch.linalg.vector_norm(norms, 2, dim=0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
