@@ -11,6 +11,7 @@ replace the checkpoint's).
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import replace
 
@@ -50,6 +51,7 @@ from fedtune_app.model.published_blocks import PublishedBlocks
 from fedtune_app.training.batched import Cohort, NotBatchable, not_batchable
 from fedtune_app.training.local import check_precision, pick_device, round_lr
 
+log = logging.getLogger("flwr")
 _MODELS: dict = {}  # (model, adapters, device, precision, method extension) -> (model, device)
 
 
@@ -252,8 +254,9 @@ def handle_train_cohort(items: list[tuple[Message, Context]]) -> dict[int, Messa
     for members in cohorts.values():
         try:
             replies |= _train_cohort(members, started)
-        except NotBatchable:
-            continue  # every member goes the sequential way
+        except NotBatchable as why:  # every member goes the sequential way
+            log.info("fedtune: client-engine batched: %d clients train one after another: %s",
+                     len(members), why)
     return replies
 
 

@@ -136,7 +136,8 @@ class InProcessGrid(Grid):
             return {}
         from fedtune_app.apps.client import handle_train_cohort
 
-        train = [(i, m) for i, m in enumerate(messages) if m.metadata.message_type == MessageType.TRAIN
+        train = [(i, m) for i, m in enumerate(messages)
+                 if m.metadata.message_type == MessageType.TRAIN
                  and m.metadata.dst_node_id in self.online]
         replies = handle_train_cohort([(m, self.contexts[m.metadata.dst_node_id])
                                        for _, m in train])

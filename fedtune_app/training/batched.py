@@ -108,20 +108,21 @@ class Cohort:
             raise NotBatchable(f"the {model.family!r} family's blocks take a per-row context "
                                "(attention masks) the cohort forward does not split")
         self.model, self.training, self.device = model, training, device
-        named = _model_names(model, trainable_parameters(model))
-        trainable = {n for n, p in named if p.requires_grad}
-        # frozen tensors among the method's (the merged ``lora_delta``): the server sends every
-        # client the same, so the model's one copy serves them all (``add`` checks)
-        self.shared = {n: p for n, p in named if not p.requires_grad}
-        # every Linear holding a trainable tensor gets one weight per client
+        named = dict(_model_names(model, trainable_parameters(model)))
+        # every Linear holding one of the method's tensors gets one weight per client (frozen
+        # ones too: FFA-LoRA's A, truncated to each client's rank)
         self.linears: dict[str, nn.Linear] = {
             name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)
-            and any(f"{name}.{p}" in trainable for p, _ in m.named_parameters(recurse=False))}
+            and any(f"{name}.{p}" in named for p, _ in m.named_parameters(recurse=False))}
         covered = {f"{name}.{p}" for name, m in self.linears.items()
                    for p, _ in m.named_parameters(recurse=False)}
-        if trainable - covered:
+        outside = {n: p for n, p in named.items() if n not in covered}
+        if any(p.requires_grad for p in outside.values()):
             raise NotBatchable(f"trainable tensors outside a Linear layer: "
-                               f"{sorted(trainable - covered)[:3]}")
+                               f"{sorted(n for n, p in outside.items() if p.requires_grad)[:3]}")
+        # frozen tensors outside them (the merged ``lora_delta``): the server sends every client
+        # the same, so the model's one copy serves them all (``add`` checks)
+        self.shared = outside
         self.dropouts: dict[str, nn.Dropout] = {}
         for name, m in model.named_modules():
             rate = getattr(m, "p", getattr(m, "drop_prob", 0.0))
