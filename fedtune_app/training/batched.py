@@ -171,7 +171,7 @@ class Cohort:
         trained = [t for t in stacks.values() if t.requires_grad]
         if not trained:
             raise NotBatchable("the clients train no tensor")
-        optimizer = make_optimizer(trained, training)
+        optimizer = make_optimizer(trained, training, foreach=True)  # a few calls per step
         generators = [torch.Generator(self.device).manual_seed(c.seed) for c in clients]
         batches = [_batches(c.examples, training, c.seed) for c in clients]
         totals = [torch.zeros((), device=self.device) for _ in clients]
@@ -315,7 +315,10 @@ class Cohort:
         else:
             lora = torch.cat([nn.functional.linear(nn.functional.linear(part, a[k]), b[k])
                               for k, part in enumerate(h.split(sizes))])
-        return (result + lora * module.scaling[PEFT_ADAPTER]).to(result.dtype)
+        scaling = module.scaling[PEFT_ADAPTER]
+        if scaling != 1.0:  # a product by 1.0 (alpha = r) changes no bit: skip it
+            lora = lora * scaling
+        return (result + lora).to(result.dtype)
 
     def _dropout(self, module: nn.Module, generators, x: torch.Tensor) -> torch.Tensor:
         """torch's CPU dropout, noise = bernoulli(1 - p) / (1 - p), drawn per client from its
@@ -376,5 +379,7 @@ def _clip_per_client(stacks: list[torch.Tensor], max_norm: float) -> None:
     norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads])
     total = torch.linalg.vector_norm(norms, 2, dim=0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    if bool((coef == 1.0).all()):  # a product by 1.0 changes no bit: skip it
+        return
     for g in grads:
         g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))

@@ -60,15 +60,17 @@ def round_lr(cfg: RunConfig, server_round: int) -> float:
     return lr
 
 
-def make_optimizer(params: list[nn.Parameter], training: TrainingConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], training: TrainingConfig,
+                   foreach: bool | None = None) -> torch.optim.Optimizer:
     """``optimizer`` over ``params`` at ``lr``: SGD (momentum, L2 weight decay) or AdamW
-    (betas, eps, decoupled weight decay)."""
+    (betas, eps, decoupled weight decay). ``foreach``: torch's choice of implementation (None:
+    its default; the same arithmetic either way, one call over all tensors or one per tensor)."""
     if training.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=training.lr, betas=(training.adam_beta1,
                                  training.adam_beta2), eps=training.adam_eps,
-                                 weight_decay=training.weight_decay)
+                                 weight_decay=training.weight_decay, foreach=foreach)
     return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum,
-                           weight_decay=training.weight_decay)
+                           weight_decay=training.weight_decay, foreach=foreach)
 
 
 def train_local(model: LayeredModel, params: list[nn.Parameter], data: Examples,
