@@ -50,9 +50,9 @@ MINI_FEDRA_T1 = {"preset": "mini", "method": "fedra", "capacities": "12,10,8,6,4
                  "eval-every": 1000}
 
 
-def setting(rounds: int, results: str) -> tuple[dict, str]:
+def setting(rounds: int, results: str, method: str = "fedra") -> tuple[dict, str]:
     """The run config, and where its backbone comes from."""
-    rc = MINI_FEDRA_T1 | {"num-server-rounds": rounds, "results-dir": results}
+    rc = MINI_FEDRA_T1 | {"method": method, "num-server-rounds": rounds, "results-dir": results}
     source = Path(load_preset("mini")["model-source"]).expanduser()
     if source.is_file():
         return rc, f"pretrained checkpoint {source}"
@@ -130,12 +130,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--method", default="fedra", help="another method of the same setting "
+                        "(all-large: every client all 12 blocks)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        rc, source = setting(args.rounds, tmp)
-        print(f"mini FedRA Table 1 setting, backbone: {source}; torch threads {args.threads}; "
-              f"load average {os.getloadavg()[0]:.2f}")
+        rc, source = setting(args.rounds, tmp, args.method)
+        print(f"mini FedRA Table 1 setting, method {args.method}, backbone: {source}; torch "
+              f"threads {args.threads}; load average {os.getloadavg()[0]:.2f}")
         rounds = recorded_rounds(rc)
     sequential(rc, rounds[0])  # warm-up: both ways build the same cached model and data
     batched(rc, rounds[0])
@@ -163,7 +165,7 @@ def main() -> None:
               f"{bw / sw:.3f} wall")
     wall = totals["batched"][0] / totals["sequential"][0]
     ratio = totals["batched"][1] / totals["sequential"][1]
-    save("batched-clients", {"setting": MINI_FEDRA_T1, "backbone": source,
+    save(f"batched-clients-{args.method}", {"setting": rc, "backbone": source,
                              "threads": args.threads, "rounds": rows, "ratio-cpu": ratio,
                              "ratio-wall": wall, "max-relative-update-difference": worst})
     print(f"wall-clock ratio {wall:.3f} (load average now {os.getloadavg()[0]:.2f})")
