@@ -98,11 +98,14 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages):
         messages = list(messages)
-        for msg in messages:  # replies refer to these ids: set before any is answered
+        numbered = self.engine != "sequential"  # the cohort's replies refer to every id at once
+        for msg in messages if numbered else ():
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
         batched = self._batched(messages)
         ids = []
         for index, msg in enumerate(messages):
+            if not numbered:  # one counter for messages and replies: m1, its reply r2, m3 ...
+                msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             if self.keep_sent:
                 self.sent.append(msg)
             if msg.metadata.dst_node_id not in self.online:  # the SuperLink answers for it
