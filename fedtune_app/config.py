@@ -281,12 +281,13 @@ class TrainingConfig(ConfigPart):
         "'bf16': bfloat16 autocast for training and evaluation (weights and optimizer stay "
         "float32)")
     client_engine: str = config_key("sequential", choices=("sequential", "batched"), help=
-        "how the in-process runner trains a round's clients: one after another (sequential, the "
-        "reference), or together over the shared frozen backbone (batched: one concatenated "
-        "batch per step, each client's tensors stacked and applied to its own rows, the same "
-        "per-client updates up to float rounding; methods with their own local loss or loop, "
-        "FedProx/FedDyn terms and text backbones train sequentially). Under `flwr run` every "
-        "message is its own ClientApp call: clients train one after another either way")
+        "how a round's clients train: one after another (sequential, the reference), or "
+        "together over the shared frozen backbone (batched: one concatenated batch per step, "
+        "each client's tensors stacked and applied to its own rows, the same per-client updates "
+        "up to float rounding; methods with their own local loss or loop, FedProx/FedDyn terms "
+        "and text backbones train sequentially). Under `flwr run` the round's "
+        "tasks then go to one simulated node as one message: for simulations only, a "
+        "deployment keeps sequential")
     fedra_repo_batch_cap: bool = config_key(False, help=
         "every client runs at most m + 1 batches per local epoch, m = the smallest client's number"
         " of batches (the official FedRA code's 'mmm = min(itersnum)' and 'if i > mmm: break')")

@@ -143,6 +143,13 @@ def test_each_client_gets_its_sequential_update(tmp_path, name):
         assert worst <= 1.0, (name, seed, worst)  # 1.0 = the derived tolerance
 
 
+@pytest.mark.parametrize("method", ["flexifed", "homo"])
+def test_model_groups_train_one_cohort_per_group(tmp_path, method):
+    """Two model groups (ViTs of width 16 and 32, depth 2 and 3): each group's clients are a
+    cohort of their own, each client's update its sequential one."""
+    assert compare_round(tmp_path, {"preset": "smoke-groups", "method": method}) <= 1.0
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_vit_clients_with_different_blocks_and_adamw(tmp_path, seed):
     """The ViT family (the claims' backbone), FedRA's random block subsets, AdamW."""
@@ -203,3 +210,39 @@ def test_a_wrong_loss_scale_is_caught(tmp_path, monkeypatch):
 def test_unknown_engine_names_the_allowed_ones():
     with pytest.raises(ConfigError, match="client-engine.*sequential, batched"):
         resolve_config(TINY | {"client-engine": "parallel"})
+
+
+class NotSynchronous(InProcessGrid):
+    """The in-process Grid seen as Flower's real one (push, then pull): the ServerApp wraps it
+    in the ``CohortGrid`` that bundles each round's train messages, as under `flwr run`."""
+
+    synchronous = False
+    pull_interval = 0.0
+
+
+BUNDLED = {"fedra": {}, "fedsa-lora": RANKS, "flexifed": {"preset": "smoke-groups"}}
+
+
+@pytest.mark.parametrize("method", sorted(BUNDLED))
+def test_a_bundled_round_under_the_simulation_grid_matches_the_sequential_run(tmp_path, method):
+    """Through ``CohortGrid``: one train message a round (to the node of partition 0), the
+    same final state as the sequential engine's (FedSA-LoRA: each partition's local B kept by
+    the cohort node between the two rounds; FlexiFed: two groups' cohorts in one bundle)."""
+    from safetensors.numpy import load_file
+
+    keys = TINY | {"method": method, "num-server-rounds": 2, "seed": 4} | BUNDLED[method]
+    states, grids = {}, {}
+    for engine in batched.ENGINES:
+        rc = keys | {"client-engine": engine, "results-dir": str(tmp_path / engine)}
+        cfg = resolve_config(rc)
+        grid = NotSynchronous(client_app, simulation_nodes(len(cfg.federation.capacity_list)),
+                              rc)
+        folder = run_federation(grid, cfg)
+        states[engine], grids[engine] = load_file(f"{folder}/state.safetensors"), grid
+    train = [m for m in grids["batched"].sent if m.metadata.message_type == MessageType.TRAIN]
+    assert [m.metadata.dst_node_id for m in train] == [grids["batched"].node_ids[0]] * 2
+    seq, bat = states["sequential"], states["batched"]
+    assert sorted(seq) == sorted(bat)
+    for name in seq:
+        scale = max(float(np.abs(seq[name]).max()), 1e-12)
+        assert float(np.abs(seq[name] - bat[name]).max()) <= 2 * RTOL * scale, name

@@ -16,8 +16,15 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 
+from fedtune_app.apps.cohort_grid import (
+    bundle_replies,
+    is_cohort,
+    keep_partition_state,
+    partition_state,
+    unbundle_tasks,
+)
 from fedtune_app.apps.faults import after_training, before_training
 from fedtune_app.config import ConfigError, RunConfig, parse_faults
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
@@ -195,10 +202,17 @@ def handle_query(msg: Message, context: Context) -> Message:
 
 
 def handle_train(msg: Message, context: Context) -> Message:
+    if is_cohort(msg.content):  # several clients' tasks in one message (``cohort_grid``)
+        return Message(train_bundle(msg.content, context), reply_to=msg)
+    return train_reply(msg.content, context).to_message(msg)
+
+
+def train_reply(content: RecordDict, context: Context) -> TrainReply:
+    """One client's round: its task (a train message's content) trained on the sequential path."""
     started = time.perf_counter()
     cfg, fetched = node_config_of(context)  # 0 bytes unless the cache was lost since the query
     group = node_group(cfg, context)
-    task = TrainTask.from_message(msg)
+    task = TrainTask.from_content(content)
     round_ = task.server_round
     cfg = group_config(cfg, group).replace(lr=round_lr(cfg, round_))  # this round's rate
     pid, _, examples, _ = local_data(cfg, context)
@@ -230,27 +244,59 @@ def handle_train(msg: Message, context: Context) -> Message:
     updated = after_training(cfg, pid, recipe.trained(params) | recipe.reply(), received, round_)
     metrics = {FIT_SECONDS: fit_seconds, TRAIN_SECONDS: time.perf_counter() - started,
                CHECKPOINT_BYTES: fetched, **process_stats()}
-    return TrainReply(to_record(updated), num_examples, loss, metrics).to_message(msg)
+    return TrainReply(to_record(updated), num_examples, loss, metrics)
 
 
 def handle_train_cohort(items: list[tuple[Message, Context]]) -> dict[int, Message]:
-    """The batched client engine (run-config key ``client-engine = "batched"``): the train
-    messages of one round, delivered in one process, trained as cohorts (one per shared model:
-    same method, backbone and training config) by ``training.batched.Cohort``. Returns the
-    replies by position in ``items``; a message it does not answer (its method's step is not
-    plain local training, a fault, a model the cohort cannot split) goes to ``handle_train``,
-    which answers it exactly as before. Each reply is built as ``handle_train`` builds it."""
+    """The batched client engine (run-config key ``client-engine = "batched"``) for the train
+    messages of one round delivered in one process (the in-process runner): their replies by
+    position in ``items``; a message it does not answer goes to ``handle_train``."""
+    replies = train_cohort([(msg.content, context) for msg, context in items])
+    return {k: reply.to_message(items[k][0]) for k, reply in replies.items()}
+
+
+def train_bundle(content: RecordDict, context: Context) -> RecordDict:
+    """A cohort node's answer to a bundle of several clients' tasks (``cohort_grid``): each
+    task runs with its partition's node config and node state (kept in this node's state under
+    the partition's prefix); trained together where the batched engine can, else one by one;
+    one reply or error per task, bundled."""
+    tasks = []
+    for task, partition in unbundle_tasks(content):
+        sub = Context(run_id=context.run_id, node_id=context.node_id,
+                      node_config=dict(context.node_config) | {"partition-id": partition},
+                      state=partition_state(context.state, partition),
+                      run_config=context.run_config)
+        tasks.append((task, sub, partition))
+    batched = train_cohort([(task, sub) for task, sub, _ in tasks])
+    replies: list[RecordDict | str] = []
+    for k, (task, sub, partition) in enumerate(tasks):
+        try:
+            reply = batched[k] if k in batched else train_reply(task, sub)
+            replies.append(reply.to_content())
+        except Exception as err:  # noqa: BLE001 - what the runtime does: an error reply
+            replies.append(f"{err.__class__.__name__}: {err}")
+        keep_partition_state(context.state, partition, sub.state)
+    return bundle_replies(replies)
+
+
+def train_cohort(items: list[tuple[RecordDict, Context]]) -> dict[int, TrainReply]:
+    """The tasks of one round (train messages' contents, each with its node's context)
+    trained as cohorts (one per shared model: same method, backbone and training config) by
+    ``training.batched.Cohort``. Returns the replies by position in ``items``; a task it does
+    not answer (its method's step is not plain local training, a fault, a payload its recipe
+    refuses, a model the cohort cannot split) is left to ``train_reply``, which answers it
+    exactly as before. Each reply is built as ``train_reply`` builds it."""
     started = time.perf_counter()
     cohorts: dict = {}
-    for index, (msg, context) in enumerate(items):
+    for index, (content, context) in enumerate(items):
         try:
-            prepared = _cohort_member(msg, context)
-        except Exception:  # noqa: BLE001 - the sequential path raises it again, as an error reply
+            prepared = _cohort_member(content, context)
+        except Exception:  # noqa: BLE001 - the sequential path raises it again, as an error
             continue
         if prepared is not None:
             key = (id(prepared["model"]), prepared["cfg"].training)
             cohorts.setdefault(key, []).append((index, prepared))
-    replies: dict[int, Message] = {}
+    replies: dict[int, TrainReply] = {}
     for members in cohorts.values():
         try:
             replies |= _train_cohort(members, started)
@@ -260,12 +306,12 @@ def handle_train_cohort(items: list[tuple[Message, Context]]) -> dict[int, Messa
     return replies
 
 
-def _cohort_member(msg: Message, context: Context) -> dict | None:
-    """What ``handle_train`` works out before training, for one message (None: the sequential
+def _cohort_member(content: RecordDict, context: Context) -> dict | None:
+    """What ``train_reply`` works out before training, for one task (None: the sequential
     path trains it)."""
     cfg, fetched = node_config_of(context)
     group = node_group(cfg, context)
-    task = TrainTask.from_message(msg)
+    task = TrainTask.from_content(content)
     cfg = group_config(cfg, group).replace(lr=round_lr(cfg, task.server_round))
     recipe = recipe_for(cfg, group)
     if not_batchable(cfg, recipe) is not None or parse_faults(cfg.federation.fault_injection):
@@ -275,11 +321,11 @@ def _cohort_member(msg: Message, context: Context) -> dict | None:
     plan = task.layers
     if list(plan) != sorted(set(plan)) or not all(0 <= j < model.num_blocks for j in plan):
         return None  # the sequential path says what is wrong with it
-    return dict(msg=msg, context=context, cfg=cfg, fetched=fetched, task=task, recipe=recipe,
+    return dict(context=context, cfg=cfg, fetched=fetched, task=task, recipe=recipe,
                 pid=pid, examples=examples, model=model, device=device)
 
 
-def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, Message]:
+def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, TrainReply]:
     first = members[0][1]
     model, device = first["model"], first["device"]
     cohort = Cohort(model, first["cfg"].training, device)
@@ -292,24 +338,22 @@ def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, 
             m["params"] = params = recipe.trainables(model, plan)
             recipe.assign(model, plan, from_record(task.arrays))
             recipe.begin(params, m["context"])
-        except (ValueError, KeyError):  # a payload it refuses: its error reply comes from
+        except (ValueError, KeyError):  # a payload it refuses: its error comes from
             continue  # the sequential path
         seed = m["cfg"].seed * 1_000_003 + task.server_round * 1009 + m["pid"]
         cohort.add(plan, params, replace(m["examples"], max_batches=task.max_batches), seed)
         joined.append((index, m))
-    members = joined
-    if not members:
+    if not joined:
         return {}
     fit_started = time.perf_counter()
     losses = cohort.train()
-    fit_seconds = (time.perf_counter() - fit_started) / len(members)  # each client's share
+    fit_seconds = (time.perf_counter() - fit_started) / len(joined)  # each client's share
     replies = {}
-    for k, (index, m) in enumerate(members):
+    for k, (index, m) in enumerate(joined):
         cohort.load(k)
         updated = m["recipe"].trained(m["params"]) | m["recipe"].reply()
         metrics = {FIT_SECONDS: fit_seconds,
-                   TRAIN_SECONDS: (time.perf_counter() - started) / len(members),
+                   TRAIN_SECONDS: (time.perf_counter() - started) / len(joined),
                    CHECKPOINT_BYTES: m["fetched"], **process_stats()}
-        replies[index] = TrainReply(to_record(updated), len(m["examples"]), losses[k],
-                                    metrics).to_message(m["msg"])
+        replies[index] = TrainReply(to_record(updated), len(m["examples"]), losses[k], metrics)
     return replies

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
 from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
+from fedtune_app.apps.cohort_grid import CohortGrid
 from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build_global
 from fedtune_app.apps.results import ResultsWriter
 from fedtune_app.config import RunConfig
@@ -19,6 +21,7 @@ from fedtune_app.federated.nodes import NodeSet, TalkingGrid
 from fedtune_app.federated.strategy import LayerPlanStrategy, to_record
 from fedtune_app.methods import strategy_class
 from fedtune_app.model.frozen_weights import with_checkpoint
+from fedtune_app.training.batched import Cohort, NotBatchable, not_batchable
 from fedtune_app.training.local import check_precision, pick_device
 
 log = logging.getLogger("fedtune")
@@ -30,6 +33,31 @@ def query_nodes(grid: Grid, cfg: RunConfig) -> NodeSet:
     nodes = NodeSet()
     nodes.gather(grid, cfg.federation.min_nodes, cfg.federation.round_timeout)
     return nodes
+
+
+def with_cohorts(grid: Grid, cfg: RunConfig, model, recipe, nodes: NodeSet) -> Grid:
+    """With 'client-engine = "batched"' under Flower's simulation, the Grid that sends each
+    round's train messages to one node as a bundle its ClientApp trains together
+    (``cohort_grid``); the in-process Grid batches them itself. A run the batched engine cannot
+    take (its method's local step, its model) keeps the plain Grid and says why."""
+    if cfg.training.client_engine != "batched" or getattr(grid, "synchronous", False):
+        return grid
+    grouped = num_groups(cfg.model) > 0  # one cohort per group's model
+    recipes, models = (recipe.recipes, model.groups) if grouped else ([recipe], [model])
+    why = next(filter(None, (not_batchable(cfg, r) for r in recipes)), None)
+    try:
+        for m in models if why is None else ():
+            Cohort(m, cfg.training, torch.device("cpu"))
+    except NotBatchable as err:
+        why = str(err)
+    if why is not None:
+        log.info("fedtune: client-engine batched: clients train one after another: %s", why)
+        return grid
+
+    def partition_of(node_id: int) -> int:
+        return next((p for p, c in nodes.claims.items() if c.node_id == node_id), 1 << 30)
+
+    return CohortGrid(grid, partition_of)
 
 
 def run_federation(grid: Grid, cfg: RunConfig) -> str:
@@ -81,6 +109,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> str:
             return None
         return MetricRecord({"accuracy": metrics["accuracy"], "loss": metrics["loss"]})
 
+    grid = with_cohorts(grid, cfg, model, recipe, nodes)
     grid = TalkingGrid(grid, nodes.describe, on_wait=nodes.refresh)  # says whom it waits for
     strategy.start(grid, initial_arrays=to_record(strategy.state),
                    num_rounds=cfg.federation.num_server_rounds - strategy.round_offset,

@@ -126,8 +126,12 @@ class TrainTask:
 
     @classmethod
     def from_message(cls, msg: Message) -> TrainTask:
-        config = dict(msg.content[CONFIG])
-        return cls(msg.content[ARRAYS], tuple(int(j) for j in config[LAYERS]),
+        return cls.from_content(msg.content)
+
+    @classmethod
+    def from_content(cls, content: RecordDict) -> TrainTask:
+        config = dict(content[CONFIG])
+        return cls(content[ARRAYS], tuple(int(j) for j in config[LAYERS]),
                    int(config[SERVER_ROUND]), int(config.get(MAX_BATCHES, 0)),
                    {k: v for k, v in config.items() if k not in TASK_KEYS})
 
