@@ -233,6 +233,7 @@ def test_a_bundled_round_under_the_simulation_grid_matches_the_sequential_run(tm
     keys = TINY | {"method": method, "num-server-rounds": 2, "seed": 4} | BUNDLED[method]
     states, grids = {}, {}
     for engine in batched.ENGINES:
+        client._MODELS.clear()  # a fresh node: its model's adapters are built in round 1
         rc = keys | {"client-engine": engine, "results-dir": str(tmp_path / engine)}
         cfg = resolve_config(rc)
         grid = NotSynchronous(client_app, simulation_nodes(len(cfg.federation.capacity_list)),

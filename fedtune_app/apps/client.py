@@ -328,8 +328,10 @@ def _cohort_member(content: RecordDict, context: Context) -> dict | None:
 def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, TrainReply]:
     first = members[0][1]
     model, device = first["model"], first["device"]
-    cohort = Cohort(model, first["cfg"].training, device)
+    # first the blocks (a fresh node builds its adapters' tensors here), then the cohort,
+    # which lists the model's tensors
     hold_blocks(model, sorted({j for _, m in members for j in m["task"].layers}))
+    cohort = Cohort(model, first["cfg"].training, device)
     joined = []
     for index, m in members:  # each client prepared by its own recipe on the shared model
         recipe, plan, task = m["recipe"], m["task"].layers, m["task"]
