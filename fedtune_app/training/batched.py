@@ -29,6 +29,10 @@ recipe's own ``configure``/``assign``/``begin`` on the shared model (``Cohort.ad
 of the tensors it set), and after ``train`` loads each client's trained tensors back into the
 model (``Cohort.load``) to build its reply with the recipe's own ``trained``/``reply``.
 
+Where it runs (run-config key ``client-engine = "batched"``): the in-process runner hands a
+round's train messages to ``apps.client.handle_train_cohort`` at once; under `flwr run` the
+ServerApp's ``apps.cohort_grid.CohortGrid`` sends them to one simulated node as one message.
+
 Only the plain local step is batched: ``not_batchable`` (the one place that says which clients
 fall back to the sequential path) refuses a recipe with its own loss or training loop (DepthFL's
 exits, FedBRICK's stages, FedMD's digest, HetLoRA's pruning term, HeteroTune's adapters,
