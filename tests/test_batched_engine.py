@@ -143,6 +143,20 @@ def test_each_client_gets_its_sequential_update(tmp_path, name):
         assert worst <= 1.0, (name, seed, worst)  # 1.0 = the derived tolerance
 
 
+VARIANTS = {  # what else shapes a client's step, on FedRA
+    "bottleneck-adapters": {"adapter": "bottleneck"},
+    "lora-on-attention-only": {"adapter-modules": "last-fc-attn", "lora-alpha": 16.0},
+    "two-local-epochs": {"local-epochs": 2},
+    "fedra-repo-batch-cap": {"fedra-repo-batch-cap": True},
+    "two-clients-sampled": {"clients-per-round": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_of_the_local_step(tmp_path, name):
+    assert compare_round(tmp_path, {"method": "fedra", "seed": 1} | VARIANTS[name]) <= 1.0
+
+
 @pytest.mark.parametrize("method", ["flexifed", "homo"])
 def test_model_groups_train_one_cohort_per_group(tmp_path, method):
     """Two model groups (ViTs of width 16 and 32, depth 2 and 3): each group's clients are a
