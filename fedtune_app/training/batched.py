@@ -7,8 +7,9 @@ factors, bottleneck adapters, the head) differ. A ``Cohort`` therefore
 - concatenates the clients' batches of each local step into one batch;
 - runs every frozen module once over the rows of the clients that hold it: the stem and neck on
   every row, block ``j`` on the rows of the clients whose plan holds ``j`` (FedRA's random
-  subsets: the rows are gathered, the block runs, the rows are written back; the blocks run in
-  ascending order, so each client sees its own plan's blocks in its own order);
+  subsets: each client's rows are a view of the last block output that held them, and a block
+  takes its holders' rows concatenated; the blocks run in ascending order, so each client sees
+  its own plan's blocks in its own order);
 - stacks, per Linear layer holding a trainable tensor, the clients' weights into one tensor of
   shape (clients, out, in) and applies each client's weight to its own rows (``torch.bmm`` when
   the clients' slices are equally long, one matmul per client otherwise); a rank-heterogeneous
@@ -33,12 +34,13 @@ Where it runs (run-config key ``client-engine = "batched"``): the in-process run
 round's train messages to ``apps.client.handle_train_cohort`` at once; under `flwr run` the
 ServerApp's ``apps.cohort_grid.CohortGrid`` sends them to one simulated node as one message.
 
-Only the plain local step is batched: ``not_batchable`` (the one place that says which clients
-fall back to the sequential path) refuses a recipe with its own loss or training loop (DepthFL's
-exits, FedBRICK's stages, FedMD's digest, HetLoRA's pruning term, HeteroTune's adapters,
-pFedLoRA's phases), a FedProx/FedDyn term, full fine-tuning, and a model the cohort forward
-cannot split by rows (text families, whose blocks take a per-row attention mask; dropout other
-than LoRA's, which draws from torch's global generator).
+Only the plain local step is batched. ``not_batchable`` is the one place that says which
+methods' clients fall back to the sequential path: a recipe with its own loss or training loop
+(DepthFL's exits, FedBRICK's stages, FedMD's digest, HetLoRA's pruning term, HeteroTune's
+adapters, pFedLoRA's phases), a FedProx/FedDyn term, full fine-tuning. ``Cohort`` refuses
+(``NotBatchable``) a model its forward cannot split by rows: text families, whose blocks take a
+per-row attention mask, and dropout other than LoRA's, which draws from torch's global
+generator. Either way the clients train as before, one after another, and the log says why.
 """
 
 from __future__ import annotations
