@@ -183,22 +183,31 @@ def test_the_methods_with_their_own_step_fall_back(tmp_path):
     assert client.handle_train_cohort([(m, fresh(rc, m, nc)) for m, nc, _ in items]) == {}
 
 
-def test_a_whole_run_either_way_ends_at_the_same_state(tmp_path):
-    """Two rounds through ``run_inprocess`` (the runner the campaigns use), key 'client-engine':
-    the same final global state within the tolerance, compounded over two rounds."""
+def test_a_whole_run_either_way_ends_at_the_same_state_and_records(tmp_path):
+    """Two rounds through ``run_inprocess`` (the runner the claims campaigns use), key
+    'client-engine': the same final global state within the tolerance, compounded over two
+    rounds, and the same evaluations (what a claims record keeps): the loss within it, the
+    accuracy within one test example (a prediction at a tie may flip under rounding)."""
+    import json
+
     from safetensors.numpy import load_file
 
-    states = {}
+    states, evaluations = {}, {}
     for engine in batched.ENGINES:
         folder = run_inprocess(TINY | {"method": "fedra", "num-server-rounds": 2, "seed": 3,
-                                       "client-engine": engine,
+                                       "eval-every": 1, "client-engine": engine,
                                        "results-dir": str(tmp_path / engine)})
         states[engine] = load_file(f"{folder}/state.safetensors")
+        evaluations[engine] = json.loads(open(f"{folder}/metrics.json").read())
     seq, bat = states["sequential"], states["batched"]
     assert sorted(seq) == sorted(bat)
     for name in seq:
         scale = max(float(np.abs(seq[name]).max()), 1e-12)
         assert float(np.abs(seq[name] - bat[name]).max()) <= 2 * RTOL * scale, name
+    n = TINY["test-subset"]
+    for a, b in zip(evaluations["sequential"], evaluations["batched"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=2 * RTOL)
+        assert abs(a["accuracy"] - b["accuracy"]) <= 1 / n + 1e-12
 
 
 def test_a_wrong_loss_scale_is_caught(tmp_path, monkeypatch):
