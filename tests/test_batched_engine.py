@@ -270,3 +270,29 @@ def test_a_bundled_round_under_the_simulation_grid_matches_the_sequential_run(tm
     for name in seq:
         scale = max(float(np.abs(seq[name]).max()), 1e-12)
         assert float(np.abs(seq[name] - bat[name]).max()) <= 2 * RTOL * scale, name
+
+
+def test_a_bundle_whose_node_fails_is_every_carried_clients_error(tmp_path):
+    """The cohort node answers the bundle with an error: each client of the bundle gets that
+    error as its own reply, from its own node, and the round goes on without them."""
+    import json
+
+    from flwr.app import Error, Message
+
+    from fedtune_app.federated.flower_private import ErrorCode
+
+    def crash(msg, reply):
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return reply
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="out of memory"),
+                       reply_to=msg)
+
+    rc = TINY | {"method": "fedra", "client-engine": "batched", "results-dir": str(tmp_path)}
+    cfg = resolve_config(rc)
+    grid = NotSynchronous(client_app, simulation_nodes(len(cfg.federation.capacity_list)), rc,
+                          {0: crash})
+    folder = run_federation(grid, cfg)
+    [record] = json.loads(open(f"{folder}/metrics.json").read())
+    assert sorted(record["rejected"]) == ["0", "1", "2"]
+    assert all("out of memory" in why for why in record["rejected"].values())
+    assert record["state-updated"] is False
