@@ -58,6 +58,12 @@ class InProcessGrid(Grid):
         # 'batched': the train messages of one push go to the batched client engine first
         # (``client.handle_train_cohort``); what it does not answer goes to ``client_app``
         self.engine = engine
+        if engine != "sequential":
+            from fedtune_app.apps.client_app import app
+
+            if client_app is not app:  # the engine would answer in its place, unseen
+                raise ValueError(f"client-engine {engine!r} trains with the app's own ClientApp "
+                                 "(fedtune_app.apps.client_app.app), not a replacement")
 
     def set_run(self, run) -> None:
         pass
