@@ -933,3 +933,12 @@ def test_the_rounds_check_plans_its_claims_with_its_keys_on_its_seeds():
                                   extra=check.keys) == spec.hash
     with pytest.raises(SystemExit, match="--check rounds-100 names"):
         cli.main(["run", "fedra-t1-near-alllarge", "--check", "rounds-100", "--dry-run"])
+
+
+def test_a_record_made_by_either_client_engine_is_the_same_run():
+    """The batched engine gives each client its sequential update up to float rounding
+    (tests/test_batched_engine.py): a campaign run either way finds the other's records."""
+    keys = run_store.run_config("mini", "fedra-uneven", "fedra", 0, 0.1)
+    assert (run_store.config_hash(keys | {"client-engine": "batched"})
+            == run_store.config_hash(keys))
+    assert run_store.config_hash(keys | {"lr": 0.03}) != run_store.config_hash(keys)

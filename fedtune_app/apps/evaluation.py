@@ -27,7 +27,7 @@ class GlobalEvaluator:
     client's label distribution (the global model's accuracy on data distributed like the
     client's). ``test-correct``: which test examples the headline output got right, per domain
     (``pack_correct``; one stratum "all" without domains), for a bootstrap over test examples
-    (``claims_stats.bootstrap_se``). ``accuracy`` is the papers' headline: the mean over the
+    (``claims.stats.bootstrap_se``). ``accuracy`` is the papers' headline: the mean over the
     domains when the test set has domains (FedRA's and FedBRICK's "Average"), else the accuracy
     over all test examples; ``accuracy-pooled`` is always the latter. A method whose global
     model has more than one output (DepthFL: ensemble and last exit) also reports
