@@ -207,7 +207,8 @@ def older_code_section(tier: str, records: dict) -> list[str]:
         by_commit.setdefault((r.get("commit", "?"), r.get("fingerprint", "none")), []).append(r)
     lines = [f"{len(old)} of the {len(used)} records of tier `{tier}` were made by older code "
              "than this checkout's (a record's fingerprint against its method's now: the "
-             "package's sources but its tools and the other methods' modules; " + now + "). "
+             "package's sources but its tools, claims harness and other methods' modules; "
+             + now + "). "
              f"`fedtune claims run --tier {tier} --rerun-older` runs them again (`--dry-run` "
              "first: what it costs). By the commit and fingerprint they record:", "",
              "<details><summary>the "
