@@ -20,7 +20,8 @@ from fedtune_app.claims import registry as reg
 from fedtune_app.claims import report as reporting
 from fedtune_app.claims import stats as cs
 from fedtune_app.claims import store as run_store
-from fedtune_app.claims.registry import CLAIMS, SETTINGS, Claim, Setting, tiers_of
+from fedtune_app.claims.entries import Check, Claim, Setting
+from fedtune_app.claims.registry import CLAIMS, SETTINGS, tiers_of
 from fedtune_app.config import ConfigError
 
 T975 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
@@ -897,7 +898,7 @@ def test_dry_run_cost_from_the_stored_seconds_of_the_same_arm(tmp_path):
 def test_a_robustness_check_judges_its_claims_on_its_own_runs_and_seeds(hand_tier, monkeypatch):
     """A check (e.g. the papers' 100 rounds) evaluates only its claims, on its seeds, Holm over
     them; the claim's robustness then reads it beside the learning rate's."""
-    check = reg.Check("more", "more rounds", {"num-server-rounds": 100}, ("t-a",), seeds=3)
+    check = Check("more", "more rounds", {"num-server-rounds": 100}, ("t-a",), seeds=3)
     monkeypatch.setattr(reg, "CHECKS", {"more": check})
     rows = _rows(hand_tier)
     same = verdicts.evaluate("t", records=hand_tier, check=check)

@@ -24,6 +24,8 @@ ALLOWED = {
     ("claims/store.py", "all-small-layers"): "a dynamic setting's AllSmall depth, folded into "
     "the shared run's canonical capacities",
     ("claims/cli.py", "all-large"): "--arms help's example: the gate's arms first",
+    ("claims/entries.py", "all-large"): "a setting's default gate: the papers' AllLarge",
+    ("claims/entries.py", "all-small"): "a setting's default gate: the papers' AllSmall",
     ("tools/compare.py", "all-large"): "the comparison's default methods: FedRA Table 1's",
 }
 

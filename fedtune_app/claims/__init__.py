@@ -1,6 +1,7 @@
 """The claims harness (``fedtune claims``): the papers' claims checked on paired seeds.
 
 registry    the claims, their settings and arms, and the statistical plan fixed before any run
+entries     what a registry entry is: a setting, an arm, a claim, a robustness check
 stats       the tests, intervals, power and the gate's arithmetic
 store       what a run is, the hash that names its record, the records and the points read from them
 planning    which runs a campaign needs, in which order, at which learning rate

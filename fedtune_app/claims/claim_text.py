@@ -8,10 +8,10 @@ import numpy as np
 
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims import stats as cs
+from fedtune_app.claims.entries import Claim
 from fedtune_app.claims.planning import RateChoice
 from fedtune_app.claims.registry import (
     SETTINGS,
-    Claim,
     claim_settings,
 )
 from fedtune_app.claims.store import best_points, curve_points, final_points, primary_points

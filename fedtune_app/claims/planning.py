@@ -11,9 +11,9 @@ import numpy as np
 
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims import stats as cs
+from fedtune_app.claims.entries import Claim
 from fedtune_app.claims.registry import (
     ARMS,
-    Claim,
     claim_arms,
     claim_seeds,
     tiers_of,

@@ -26,7 +26,7 @@ screening off: the papers ran none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from fedtune_app.claims.entries import Arm, Check, Claim, Setting
 
 # --- the CPU tier: all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News ---
 # Sized so that one run of an uneven-capacity method takes minutes on one CPU thread: 180
@@ -120,20 +120,6 @@ ROBUSTNESS_RULE = ("robust when the verdict with every arm at the papers' 0.01 (
 NOT_CHECKED = "backbone not checked"
 
 
-@dataclass(frozen=True)
-class Check:
-    """A robustness check: the claims' arms run again with ``keys`` over the tier's, on seeds
-    0..seeds-1, each arm at its tuned rate; the verdict rule as the tier's, Holm over the
-    check's claims."""
-
-    id: str
-    what: str
-    keys: dict
-    claims: tuple  # in the order they run
-    seeds: int = 5
-    reason: str = ""
-
-
 # planned with the verdict rule, before any of their runs. rounds-100: the claims whose
 # difference still trends at 60 rounds (its 95% interval over the last window excludes 0) or
 # that read unstable, in the registry's claim order; FedRA's Table 1 first (the papers' headline)
@@ -144,50 +130,6 @@ CHECKS = {"rounds-100": Check(
      "fedbrick-t2-third-vs-fedra", "fedbrick-gap-grows", "heterotune-t1-vs-fedmd",
      "heterotune-t1-vs-feddf", "flora-mixed-vs-fedit", "flexlora-vs-smallest-rank"),
     reason="their difference still moved over the last 20% of 60 rounds, or read unstable")}
-
-
-@dataclass(frozen=True)
-class Setting:
-    id: str
-    shape: str  # the paper's scenario and how it was scaled
-    tiers: dict  # tier -> {"preset": name (expanded), **keys}
-    reference: str = "all-large"  # the gate: AllLarge - AllSmall must discriminate
-    small: str = "all-small"
-    # the paper's AllLarge and AllSmall in this setting (points; None where it reports none)
-    # and where they come from: the effect-size ratio's denominator
-    paper_large: float | None = None
-    paper_small: float | None = None
-    paper_gap: str = ""
-
-
-@dataclass(frozen=True)
-class Arm:
-    label: str
-    method: str
-    keys: dict = field(default_factory=dict)
-    tier_keys: dict = field(default_factory=dict)  # tier -> keys only that tier sets
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    paper: str  # "FedRA" (v2, ECCV 2024), "FedBRICK", "HeteroTune"
-    table: str
-    sentence: str  # what the paper says
-    terms: tuple  # ((coefficient, setting id, arm label), ...): the per-seed paired statistic
-    direction: str  # greater | within | similar (stats)
-    margin: float  # accuracy points; 0 for 'greater'
-    paper_numbers: str  # the paper's numbers this claim rests on, with their table row
-    # the paper's own difference of the same statistic (points); None where no number of it could
-    # be read (the report prints "not readable" and places no effect against ours)
-    paper_difference: float | None
-    seeds: int = 3  # seeds on tiers without a count of their own (TIER_SEEDS)
-    priority: int = 9  # campaign order: lower runs first
-    choices: str = ""  # open choices of the paper and how they were made here
-    metric: str = "accuracy"  # the headline accuracy of every arm (see ``METRIC_NOTE``)
-    margin_reason: str = ""  # why the margin of a 'within' / 'similar' claim is what it is
-    same_as: str = ""  # a claim this one equals run for run (marked, kept out of Holm's family)
-    same_reason: str = ""
 
 
 METRIC_NOTE = ("Metric: the global model's headline test accuracy (``accuracy`` of "

@@ -10,10 +10,10 @@ import numpy as np
 
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims import stats as cs
+from fedtune_app.claims.entries import Check, Claim
 from fedtune_app.claims.planning import load_records, tier_pairs, tuned_rates
 from fedtune_app.claims.registry import (
     SETTINGS,
-    Claim,
     claim_seeds,
     claim_settings,
     tiers_of,
@@ -233,7 +233,7 @@ def validation_records(tier: str, store: Path, pairs, rates: dict) -> dict:
 
 
 def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
-             lr_mode: str = "tuned", check: reg.Check | None = None) -> list[dict]:
+             lr_mode: str = "tuned", check: Check | None = None) -> list[dict]:
     """One row per claim of the tier with its verdict. Holm's family is every claim the tier
     plans (duplicates counted once), fixed before any run: a claim without all its seeds
     counts as p = 1, so an adjusted p never shrinks because other claims have not run yet.
