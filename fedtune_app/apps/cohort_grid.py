@@ -31,6 +31,7 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedtune_app.federated.flower_private import ErrorCode
+from fedtune_app.federated.nodes import WrappedGrid
 
 log = logging.getLogger("fedtune")
 COHORT = "cohort"  # the bundle's ConfigRecord: the partition of each task, in order
@@ -101,7 +102,7 @@ def keep_partition_state(state: RecordDict, partition: int, sub: RecordDict) -> 
         state[prefix + key] = value
 
 
-class CohortGrid(Grid):
+class CohortGrid(WrappedGrid):
     """The run's Grid, with each round's train messages bundled to one node (module doc).
     ``partition_of(node_id)``: the partition a node serves (``NodeSet``)."""
 
@@ -113,22 +114,6 @@ class CohortGrid(Grid):
         self._of: dict[str, str] = {}  # a carried message's id -> its bundle's id
         self._ready: dict[str, Message] = {}  # a carried message's id -> its reply
         self._ids = itertools.count(1)
-
-    def set_run(self, run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self):
-        return self.grid.run
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self):
-        return self.grid.get_node_ids()
-
-    def get_nodes(self):
-        return self.grid.get_nodes()
 
     def push_messages(self, messages):
         messages = list(messages)

@@ -271,16 +271,11 @@ class NodeSet:
         return ", ".join(parts)
 
 
-class TalkingGrid(Grid):
-    """The run's Grid, whose ``send_and_receive`` (Flower's push, then pull every 3 s until
-    every message is answered or the timeout) says every few seconds whose replies it still
-    waits for. Everything else is the wrapped Grid's."""
+class WrappedGrid(Grid):
+    """A Grid that passes everything to the Grid it wraps (``self.grid``); a subclass changes
+    only what it overrides."""
 
-    def __init__(self, grid: Grid, describe: Callable[[int], str] = lambda n: f"node {n}",
-                 on_wait: Callable[[Grid], None] | None = None):
-        """``on_wait(grid)`` is called at every pull while waiting (``NodeSet.refresh``: new
-        nodes are asked who they are during a round, to join the next one)."""
-        self.grid, self.describe, self.on_wait = grid, describe, on_wait
+    grid: Grid
 
     def set_run(self, run) -> None:
         self.grid.set_run(run)
@@ -303,6 +298,21 @@ class TalkingGrid(Grid):
 
     def pull_messages(self, message_ids):
         return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+class TalkingGrid(WrappedGrid):
+    """The run's Grid, whose ``send_and_receive`` (Flower's push, then pull every 3 s until
+    every message is answered or the timeout) says every few seconds whose replies it still
+    waits for. Everything else is the wrapped Grid's."""
+
+    def __init__(self, grid: Grid, describe: Callable[[int], str] = lambda n: f"node {n}",
+                 on_wait: Callable[[Grid], None] | None = None):
+        """``on_wait(grid)`` is called at every pull while waiting (``NodeSet.refresh``: new
+        nodes are asked who they are during a round, to join the next one)."""
+        self.grid, self.describe, self.on_wait = grid, describe, on_wait
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
