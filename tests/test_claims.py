@@ -1,5 +1,6 @@
 """``fedtune claims``: the interval and verdict logic on hand-made per-seed numbers, the
-convergence gate, the pairing of methods by seed, the run cache, and one tiny claim end to end.
+stability rule and the findings, robustness, the pairing of methods by seed, the run cache, and
+one tiny claim end to end.
 
 Student-t quantiles with 2 degrees of freedom have a closed form, t(p, 2) = (2p - 1) /
 sqrt(2 p (1 - p)), so the intervals over 3 seeds below are worked out by hand:
