@@ -9,7 +9,8 @@ Primary metric (``primary``): the mean of a run's last ``LAST_EVALUATIONS`` eval
 lucky or unlucky last round does not decide; the final round and a round chosen on the
 validation split are shown beside it, never the best round on the test set.
 
-Tests (scipy; ``ALPHA`` = 0.05 for each, then Holm over a tier's claims):
+Tests (``ALPHA`` = 0.05 for each, then Holm over a tier's claims; each on the seeds' spread
+plus the test set's error, ``combined_interval``):
 
   greater   (A > B)              two-sided paired t-test of 0 with its 95% interval:
                                  reproduced when significant and above 0, refuted when below
@@ -21,10 +22,11 @@ Tests (scipy; ``ALPHA`` = 0.05 for each, then Holm over a tier's claims):
 
 Each claim's p is the p of the test that would decide it (for 'within' / 'similar': the
 one-sided test on the side the mean lies); ``holm`` adjusts the p-values of a tier's claims
-(step-down: the i-th smallest times k - i + 1, made monotone, capped at 1) and a verdict needs
-the adjusted p below ALPHA. Otherwise: inconclusive, with the smallest effect (for 'similar' /
+(statsmodels; step-down: the i-th smallest times k - i + 1, made monotone, capped at 1) and a
+verdict needs the adjusted p below ALPHA. Otherwise: inconclusive, with the smallest effect (for 'similar' /
 'within': the smallest margin) the seeds can establish with 80% power, from the exact
-noncentral t (``scipy.stats.nct``) at the observed spread and the claim's fixed seed count.
+noncentral t (statsmodels' ``TTestPower``) at the observed spread and the claim's fixed seed
+count.
 
 Effect size: whether the paper's difference lies inside our interval ("consistent"), above it
 ("ours smaller") or below it ("ours larger"); and the difference over the setting's AllLarge -
@@ -42,7 +44,8 @@ no better than the smallest model on every client (``below_small``).
 
 Test-set sampling error: a seed redraws the training data, not the test set, so the seeds'
 spread does not contain the test set's own sampling error. ``bootstrap_se`` resamples test
-examples (within each domain) from the per-example correctness a run records; for runs that do
+examples (within each domain, or a digit's renderings together where the domains render the same
+digits) from the per-example correctness a run records; for runs that do
 not record it, ``binomial_se`` gives the normal standard error of an accuracy p on n examples,
 sqrt(p (1 - p) / n), summed over the terms as if they were independent (an upper bound: two
 methods on the same examples err together).
