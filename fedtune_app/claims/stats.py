@@ -23,10 +23,10 @@ plus the test set's error, ``combined_interval``):
 Each claim's p is the p of the test that would decide it (for 'within' / 'similar': the
 one-sided test on the side the mean lies); ``holm`` adjusts the p-values of a tier's claims
 (statsmodels; step-down: the i-th smallest times k - i + 1, made monotone, capped at 1) and a
-verdict needs the adjusted p below ALPHA. Otherwise: inconclusive, with the smallest effect (for 'similar' /
-'within': the smallest margin) the seeds can establish with 80% power, from the exact
-noncentral t (statsmodels' ``TTestPower``) at the observed spread and the claim's fixed seed
-count.
+verdict needs the adjusted p below ALPHA. Otherwise: inconclusive, with the smallest effect
+(for 'similar' / 'within': the smallest margin) the seeds can establish with 80% power, from
+the exact noncentral t (statsmodels' ``TTestPower``) at the observed spread and the claim's
+fixed seed count.
 
 Effect size: whether the paper's difference lies inside our interval ("consistent"), above it
 ("ours smaller") or below it ("ours larger"); and the difference over the setting's AllLarge -
