@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +256,12 @@ def tier_rows(tier: str, store: Path) -> tuple[dict, list[dict], dict | None, di
     return records, rows, at_paper_rate, checks
 
 
+def verdict_counts(rows: list[dict]) -> str:
+    """How many claims read each verdict, e.g. '8 inconclusive, 12 refuted'."""
+    counts = Counter(row["verdict"].verdict for row in rows)
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+
+
 def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
                    at_paper_rate: dict | None, checks: dict) -> list[str]:
     """The report's first screen: every claim of the tier in one forest plot, and the count of
@@ -265,15 +272,11 @@ def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
     title = f"Tier {tier}: {TIER_TITLE.get(tier, tier)}"
     if not forest_plot(rows, words, png, title):
         return []
-    counts: dict = {}
-    for row in rows:
-        counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
     sensitive = sum("sensitive" in w for w in words.values())
     return [f"![{tier} verdicts]({png.relative_to(out.parent).as_posix()})", "",
             f"Tier `{tier}`, {len(rows)} claims: "
-            + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-            + f"; {sensitive} of them sensitive to the learning rate (the papers' 0.01 against "
-            "the tuned rates) or, where checked, to the papers' 100 rounds; another backbone "
+            + verdict_counts(rows) + f"; {sensitive} of them sensitive to the learning rate "
+            "(the papers' 0.01 against the tuned rates) or, where checked, to the papers' 100 rounds; another backbone "
             "not checked yet. Each claim's numbers: the table and sections below.", ""]
 
 
@@ -350,9 +353,6 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     fixed seed count: how many runs, and which arms on average, exceed the run-time target)."""
     if not records:
         return []
-    counts: dict = {}
-    for row in rows:
-        counts[row["verdict"].verdict] = counts.get(row["verdict"].verdict, 0) + 1
     done = [row["verdict"].detectable for row in rows  # a claim equal to another: once
             if row["tested"] and not row["claim"].same_as
             and math.isfinite(row["verdict"].detectable)]
@@ -366,7 +366,7 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     means = sorted(((float(np.mean(v)), k) for k, v in per_arm.items()), reverse=True)
     # the cost targets are the tiers' with a fixed seed count (mini), built to meet them
     targets = bool(rows) and rows[0]["tier"] in reg.TIER_SEEDS
-    text = ("Campaign: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". ")
+    text = "Campaign: " + verdict_counts(rows) + ". "
     if done:
         text += (f"Median detectable difference over the {len(done)} claims with every seed "
                  f"in: {float(np.median(done)):.2f} points"

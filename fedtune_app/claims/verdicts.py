@@ -156,8 +156,7 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
     test_error = test_set_error(claim, tier, records, seeds)
     ci = cs.combined_interval(diffs, test_error[0], cs.interval_for(claim.direction))
     # the seeds' spread and the test set's error together, as one per-seed spread
-    spread = math.sqrt(ci.n) * math.sqrt(ci.std ** 2 / ci.n + ci.test_se ** 2) if ci.n > 1 \
-        else math.nan
+    spread = math.hypot(ci.std, math.sqrt(ci.n) * ci.test_se) if ci.n > 1 else math.nan
     detect = cs.detectable(spread, need, claim.direction)
     row |= {"differences": diffs, "test_error": test_error,
             "by_round": differences_by_round(claim, records, seeds)}
