@@ -276,8 +276,9 @@ def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
     return [f"![{tier} verdicts]({png.relative_to(out.parent).as_posix()})", "",
             f"Tier `{tier}`, {len(rows)} claims: "
             + verdict_counts(rows) + f"; {sensitive} of them sensitive to the learning rate "
-            "(the papers' 0.01 against the tuned rates) or, where checked, to the papers' 100 rounds; another backbone "
-            "not checked yet. Each claim's numbers: the table and sections below.", ""]
+            "(the papers' 0.01 against the tuned rates) or, where checked, to the papers' 100 "
+            "rounds; another backbone not checked yet. Each claim's numbers: the table and "
+            "sections below.", ""]
 
 
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
