@@ -176,10 +176,12 @@ class DataConfig(ConfigPart):
         "nico++", "hf", "synthetic"), help=
         "data set")
     partitioner: str = config_key("dirichlet", choices=(
-        "dirichlet", "iid", "domain", "domain-dirichlet"), help=
+        "dirichlet", "iid", "domain", "domain-dirichlet", "group-dirichlet"), help=
         "how training data is split over clients: label skew (dirichlet), iid, feature skew "
         "(domain: one client per domain), feature & label skew (domain-dirichlet: Dirichlet inside"
-        " each domain)")
+        " each domain), label skew inside each model group (group-dirichlet: every class split "
+        "over the groups in proportion to their clients, then Dirichlet inside each group, so a "
+        "group's clients together hold every class)")
     dirichlet_alpha: float = config_key(0.5, minimum=1e-06, help=
         "Dirichlet concentration (label skew)")
     dirichlet_self_balancing: bool = config_key(True, help=

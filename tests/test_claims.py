@@ -714,8 +714,9 @@ def test_jobs_must_be_a_whole_number_of_at_least_one(capsys):
 def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
     # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5),
-    # and the six of the LoRA-rank papers' abstracts
-    assert len(mini) == 26 + 6 and not any("-t3-" in i and "heterotune" in i for i in mini)
+    # (in the domain-silo variant and in the paper's design: 7 each), and the six of the
+    # LoRA-rank papers' abstracts
+    assert len(mini) == 26 + 7 + 6 and not any("-t3-" in i and "heterotune" in i for i in mini)
     specs = planning.plan_runs([], "mini", lr_mode="paper")
     # distinct runs per seed, counted by hand from the registry: fedra-uneven 9 arms;
     # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
@@ -727,8 +728,11 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     # groups: 8 arms at 1:1:1, HeteroTune and Homo at 4:1:1 and at 1:1:4 (AllLarge and
     # AllSmall ignore the ratio): 9+4+4+4+2+3+2+2+1+1+8+2+2 = 44; LoRA ranks: mixed 8,8,4,4,2,2:
     # FedIT at rank 8 and at rank 2 (the gate), FedIT, FLoRA, FlexLoRA, HetLoRA; every client
-    # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8
-    assert len(specs) == (44 + 8) * 10
+    # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8;
+    # model groups in the paper's design: 8 arms at 3:3:2:2, and HeteroTune, Homo, AllLarge and
+    # AllSmall at 6:2:1:1 and at 1:1:2:6 (the ratio places the data: its own AllLarge and
+    # AllSmall): 8 + 4 + 4 = 16
+    assert len(specs) == (44 + 8 + 16) * 10
     assert {s.seed for s in specs} == set(range(10))
     one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
     assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
@@ -738,6 +742,13 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     small = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "all-small",
                                                                     0))
     assert small.keys["capacities"] == "3*6"  # every client on the smallest depth, 3 of 12
+    pooled = [run_store.config_hash(run_store.run_config("mini", f"heterotune-pooled{s}",
+                                                         "all-small", 0, 0.01))
+              for s in ("", "-small-heavy")]
+    silo = [run_store.config_hash(run_store.run_config("mini", f"heterotune-groups{s}",
+                                                       "all-small", 0, 0.01))
+            for s in ("", "-small-heavy")]
+    assert pooled[0] != pooled[1] and silo[0] == silo[1]
     # Table 4's AllSmall is Table 1's 3-block model, run for run (its draws are ignored)
     for arm in ("all-small", "all-large"):
         assert (run_store.run_config("mini", "fedra-dynamic", arm, 0, 0.01)
@@ -750,8 +761,11 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         planning.plan_runs([], "mini", store=tmp_path)
     # the committed tuning records choose a rate from the grid for every arm of every claim
-    tuned = planning.plan_runs([], "mini")
-    assert len(tuned) == len(specs) and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
+    # whose tuning is in (the paper's-design HeteroTune variant tunes after its calibration)
+    tuned_ids = [i for i in mini if not i.startswith("heterotune-pooled")]
+    tuned = planning.plan_runs(tuned_ids, "mini")
+    assert len(tuned) == len(planning.plan_runs(tuned_ids, "mini", lr_mode="paper")) \
+        and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
 def test_the_rank_settings_hold_every_block_and_share_their_gate():
@@ -944,3 +958,13 @@ def test_a_record_made_by_either_client_engine_is_the_same_run():
     assert (run_store.config_hash(keys | {"client-engine": "batched"})
             == run_store.config_hash(keys))
     assert run_store.config_hash(keys | {"lr": 0.03}) != run_store.config_hash(keys)
+
+
+def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():
+    settings = {st["id"]: st for st in cli.list_settings("mini")}
+    assert set(settings) == {s.id for s in reg.SETTINGS.values() if "mini" in s.tiers}
+    # FedIT rank 8 - rank 2 over the ten committed seeds (docs/claims/calibration-mini.md)
+    rank = settings["rank-mixed"]
+    assert rank["seeds"] == list(range(10)) and 3 < rank["gap"].mean < 5
+    assert rank["status"] == "NOT discriminative by the 15-point target"
+    assert settings["fedra-uneven"]["status"] == "discriminative"

@@ -162,13 +162,15 @@ def test_twelve_block_stand_ins_load_with_their_widths(checkpoints):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    for family, width in (("vit12", 64), ("vit12-s", 32), ("vit12-t", 16)):
+    for family, width, depth in (("vit12", 64, 12), ("vit12-s", 32, 12), ("vit12-t", 16, 12),
+                                 ("vit12-t8", 8, 12), ("vit24-l", 48, 24)):
         name, args = MODELS[family]
         model = build_backbone(ModelSpec(name, checkpoints[family], args, 0, 10))
         saved = load_file(checkpoints[family])
-        assert model.num_blocks == 12
-        assert torch.equal(model.blocks[11].mlp.fc2.weight, saved["blocks.11.mlp.fc2.weight"])
-        assert model.blocks[11].attn.qkv.weight.shape == (3 * width, width)
+        last = f"blocks.{depth - 1}.mlp.fc2.weight"
+        assert model.num_blocks == depth
+        assert torch.equal(model.blocks[depth - 1].mlp.fc2.weight, saved[last])
+        assert model.blocks[depth - 1].attn.qkv.weight.shape == (3 * width, width)
         assert model.head.weight.shape == (10, width)  # the pretraining head (10 digits) kept
         with safe_open(checkpoints[family], "pt") as f:
             meta = f.metadata()

@@ -5,7 +5,7 @@ import pytest
 
 from fedtune_app.config import ConfigError, parse_int_list
 from fedtune_app.data.scenarios import check_scenario, client_capacities, num_clients
-from fedtune_app.data.splits import client_group, partition_indices, run_splits
+from fedtune_app.data.splits import client_examples, client_group, partition_indices, run_splits
 from fedtune_app.federated.allocation import draw_round_capacities
 from fedtune_app.methods import resolve_config
 
@@ -115,6 +115,47 @@ def test_feature_and_label_skew_splits_each_domain_in_k_clients():
         partition_indices(labels, domains, 4, "domain-dirichlet", 0.5, 2, 0)
     with pytest.raises(ConfigError, match="needs a data set with domains"):
         partition_indices(labels, None, 3, "domain", 0.5, 2, 0)
+
+
+def test_group_dirichlet_gives_every_group_every_class_and_each_client_a_skewed_share():
+    # 10 classes x 30 examples; 10 clients placed 3:3:2:2 by the ratio's seeded permutation
+    labels = tuple(int(c) for c in np.repeat(np.arange(10), 30))
+    groups = (0, 1, 0, 3, 1, 2, 0, 1, 2, 3)
+    parts = partition_indices(labels, None, 10, "group-dirichlet", 0.1, 2, 0, groups=groups)
+    assert sorted(j for p in parts for j in p) == list(range(300))  # a disjoint cover
+    held = np.zeros((4, 10), int)  # examples of each class per group
+    for pid, part in enumerate(parts):
+        np.add.at(held[groups[pid]], [labels[j] for j in part], 1)
+    # every class dealt in proportion to the groups' clients: 30 * 3/10 = 9, 30 * 2/10 = 6
+    assert held.tolist() == [[9] * 10, [9] * 10, [6] * 10, [6] * 10]
+    # Dirichlet(0.1) inside a group: a client holds far fewer than the 10 classes its group has
+    assert np.mean([len({labels[j] for j in p}) for p in parts]) < 8
+    assert partition_indices(labels, None, 10, "group-dirichlet", 0.1, 2, 0, groups=groups) \
+        == parts
+    assert partition_indices(labels, None, 10, "group-dirichlet", 0.1, 2, 1, groups=groups) \
+        != parts
+    with pytest.raises(ConfigError, match="'group-dirichlet' needs model groups"):
+        partition_indices(labels, None, 10, "group-dirichlet", 0.1, 2, 0)
+
+
+def test_group_dirichlet_splits_by_the_ratio_placement_for_every_arm():
+    from fedtune_app.data.groups import node_model_group, ratio_groups
+
+    keys = dict(dataset="digits", partitioner="group-dirichlet", dirichlet_alpha=0.1,
+                min_partition_size=2, capacities="1*10", model="vit_tiny_patch16_224",
+                model_groups="vit_tiny_patch16_224",
+                model_group_args="img_size=16,patch_size=4,in_chans=3,embed_dim=8,depth=1,"
+                "num_heads=1;img_size=16,patch_size=4,in_chans=3,embed_dim=16,depth=1,num_heads=1",
+                model_group_sources="random", model_group_ratio="3:2", seed=4)
+    homo, all_small = cfg_of(method="homo", **keys), cfg_of(method="all-small", **keys)
+    assert [node_model_group(homo, p, 10, 1) for p in range(10)] == list(ratio_groups(homo, 10))
+    assert ratio_groups(all_small, 10) == ratio_groups(homo, 10)  # not AllSmall's one group
+    splits = run_splits(homo)
+    for pid in (0, 7):
+        assert client_examples(homo, splits, pid, 10).labels.tolist() == \
+            client_examples(all_small, splits, pid, 10).labels.tolist()
+    with pytest.raises(ConfigError, match="'group-dirichlet'.*needs 'model-groups'"):
+        check_scenario(cfg_of(partitioner="group-dirichlet"), None)
 
 
 def test_domain_clients_report_their_domain_as_group():

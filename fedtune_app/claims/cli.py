@@ -35,6 +35,7 @@ from fedtune_app.claims.registry import (
     claim_seeds,
     tiers_of,
 )
+from fedtune_app.claims.claim_text import ci_text
 from fedtune_app.claims.report import write_report
 from fedtune_app.claims.store import LR_MODES, TIERS
 
@@ -45,6 +46,26 @@ def list_claims(tier: str | None = None) -> list[dict]:
              "seeds": {t: claim_seeds(c, t) for t in tiers_of(c)}, "priority": c.priority,
              "tiers": tiers_of(c), "paper-numbers": c.paper_numbers, "same-as": c.same_as}
             for c in reg.CLAIMS.values() if tier is None or tier in tiers_of(c)]
+
+
+def list_settings(tier: str) -> list[dict]:
+    """Each setting of ``tier`` with its gate on the stored runs: AllLarge - AllSmall (the rank
+    settings: FedIT at the highest rank - the lowest), paired over the seeds both have, against
+    the tier's calibration target where it has one."""
+    from fedtune_app.claims.planning import load_records
+    from fedtune_app.claims.verdicts import GAP_TARGET, setting_gap
+
+    records = load_records(tier)
+    out = []
+    for st in reg.SETTINGS.values():
+        if tier not in st.tiers:
+            continue
+        gap, seeds = setting_gap(st.id, records)
+        status = "not run yet" if gap is None else (
+            "discriminative" if gap.mean >= GAP_TARGET else
+            f"NOT discriminative by the {GAP_TARGET:g}-point target")
+        out.append({"id": st.id, "gap": gap, "seeds": seeds, "status": status})
+    return out
 
 
 def positive_int(text: str) -> int:
@@ -103,6 +124,13 @@ def main(argv=None) -> int:
             seeds = ",".join(f"{t}:{n}" for t, n in c["seeds"].items())
             print(f"{c['id']:38s} {c['paper']:10s} {c['table']:10s} seeds {seeds:26s} "
                   f"{c['sentence']}")
+        if args.tier:
+            print(f"\nsettings of tier {args.tier}: AllLarge - AllSmall on the test set (points, "
+                  "paired 95% interval over the seeds both arms have)")
+            for st in list_settings(args.tier):
+                gap = "-" if st["gap"] is None else \
+                    f"{ci_text(st['gap'])} over {len(st['seeds'])} seeds"
+                print(f"{st['id']:38s} {gap:32s} {st['status']}")
         return 0
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))

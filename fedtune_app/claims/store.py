@@ -100,8 +100,10 @@ def run_key(keys: dict) -> dict:
 
     cfg = resolve_config(keys)
     # a method that puts every client in one model group (AllSmall, AllLarge) computes nothing
-    # from the ratio of the groups: settings that differ only in it share its runs
-    unused = {"model-group-ratio"} if cfg.fixed_group is not None else set()
+    # from the ratio of the groups, unless the ratio splits the data (group-dirichlet): settings
+    # that differ only in it then share its runs
+    unused = {"model-group-ratio"} if cfg.fixed_group is not None \
+        and cfg.data.partitioner != "group-dirichlet" else set()
     return {k: v for k, v in sorted(cfg.flat.items())
             if k not in BOOKKEEPING | unused and not (k in KEYS and v == KEYS[k].default)}
 

@@ -76,10 +76,17 @@ def node_model_group(run: RunConfig, partition_id: int, num_partitions: int,
                               f"threshold of run-config key 'model-group-capacities' = "
                               f"{model.model_group_capacities!r}")
         return fits[-1]
+    return ratio_groups(run, num_partitions)[partition_id]
+
+
+def ratio_groups(run: RunConfig, num_partitions: int) -> tuple[int, ...]:
+    """Every partition's model group under ``model-group-ratio`` (the seeded placement), also for
+    AllSmall / AllLarge, whose clients all run one group: partitioner ``group-dirichlet`` splits
+    the data by this placement, so every arm of a setting trains on the same client data."""
     from fedtune_app.data.scenarios import _ratio_capacities
 
-    groups = _ratio_capacities(tuple(range(m)), model.group_ratio, num_partitions, run.seed)
-    return groups[partition_id]
+    m = num_groups(run.model)
+    return _ratio_capacities(tuple(range(m)), run.model.group_ratio, num_partitions, run.seed)
 
 
 def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:

@@ -25,12 +25,17 @@ def _ratio_capacities(levels: tuple[int, ...], ratio: tuple[int, ...], n: int,
                       seed: int) -> tuple[int, ...]:
     """n clients over the levels in proportion to ``ratio`` (largest remainders), then a seeded
     permutation decides which partition gets which level."""
-    share = np.asarray(ratio, dtype=float) / sum(ratio) * n
+    capacities = np.repeat(levels, proportional_counts(ratio, n))
+    return tuple(int(c) for c in np.random.default_rng(seed).permutation(capacities))
+
+
+def proportional_counts(weights, n: int) -> np.ndarray:
+    """n split in proportion to ``weights``: floors, then the largest remainders get one more."""
+    share = np.asarray(weights, dtype=float) / np.sum(weights) * n
     counts = np.floor(share).astype(int)
     for j in np.argsort(-(share - counts), kind="stable")[: n - counts.sum()]:
         counts[j] += 1
-    capacities = np.repeat(levels, counts)
-    return tuple(int(c) for c in np.random.default_rng(seed).permutation(capacities))
+    return counts
 
 
 def num_clients(run: RunConfig) -> int:
@@ -122,6 +127,11 @@ def check_scenario(run: RunConfig, num_domains: int | None) -> None:
             raise ConfigError(f"run-config key 'clients-per-round' = {k_round} but "
                               f"'client-sampling' = 'per-domain' draws one client from each of "
                               f"the {num_domains} domains; set it to {num_domains} or 0")
+    if partitioner == "group-dirichlet" and (not run.model.groups
+                                             or run.model.model_group_assign != "ratio"):
+        raise ConfigError("run-config key 'partitioner' = 'group-dirichlet' splits the data by "
+                          "the model groups' placement: it needs 'model-groups' with "
+                          "'model-group-assign' = 'ratio'")
     if partitioner.startswith("domain"):
         if not num_domains:
             raise ConfigError(f"run-config key 'partitioner' = {partitioner!r} needs a data set "

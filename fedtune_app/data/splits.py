@@ -480,7 +480,8 @@ def num_classes_of(data: DataConfig, spec: ModelSpec) -> int:
 @functools.lru_cache(maxsize=8)
 def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
                       num_partitions: int, partitioner: str, alpha: float, min_size: int,
-                      seed: int, balanced: bool = True) -> tuple[tuple[int, ...], ...]:
+                      seed: int, balanced: bool = True,
+                      groups: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
     """Indices of each client's training examples, by flwr-datasets partitioners.
 
     dirichlet: each class split over the clients in Dirichlet(alpha) proportions; ``balanced``
@@ -488,7 +489,12 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
     N / K examples nothing of the classes still to come, so the sizes stay near N / K; without
     it the sizes follow the draws too (label AND quantity skew). domain: NaturalIdPartitioner on
     the domain column (partition i = domain i). domain-dirichlet: a DirichletPartitioner inside
-    each domain d (seed + d), partition d*k + j = its j-th part."""
+    each domain d (seed + d), partition d*k + j = its j-th part. group-dirichlet (``groups``:
+    every partition's model group): each class's examples are dealt to the groups in proportion
+    to their numbers of clients (a seeded shuffle, largest remainders), so a group's clients
+    together hold every class, as the paper's groups of 20-30 of 100 clients do; then a
+    DirichletPartitioner inside each group g (seed + g), the j-th partition of group g getting
+    its j-th part."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
 
@@ -504,6 +510,9 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
             raise ConfigError(f"partitioner {partitioner!r}: {num_partitions} clients cannot "
                               f"be split evenly over {num_domains} domains (feature skew: one "
                               "client per domain; domain-dirichlet: clients-per-domain each)")
+    if partitioner == "group-dirichlet" and (groups is None or len(groups) != num_partitions):
+        raise ConfigError("run-config key 'partitioner' = 'group-dirichlet' needs model groups "
+                          "('model-groups', placed by 'model-group-ratio')")
     table = Dataset.from_dict({"label": list(labels), "index": list(range(len(labels))),
                                "domain": list(domains) if domains else [0] * len(labels)})
 
@@ -519,6 +528,11 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
         parts = [(dirichlet(num_partitions, seed), table, range(num_partitions))]
     elif partitioner == "domain":
         parts = [(NaturalIdPartitioner(partition_by="domain"), table, range(num_partitions))]
+    elif partitioner == "group-dirichlet":
+        group_of = _deal_classes_to_groups(np.asarray(labels), np.asarray(groups), seed)
+        sizes = {g: groups.count(g) for g in sorted(set(groups))}
+        parts = [(dirichlet(k, seed + g), table.select(np.flatnonzero(group_of == g)), range(k))
+                 for g, k in sizes.items()]
     else:
         k = num_partitions // len(set(domains))
         parts = [(dirichlet(k, seed + d), table.filter(lambda r, d=d: r["domain"] == d), range(k))
@@ -531,7 +545,24 @@ def partition_indices(labels: tuple[int, ...], domains: tuple[int, ...] | None,
     except ValueError as err:
         raise ConfigError(f"partitioning failed ({err}); lower 'min-partition-size' or raise "
                           "'dirichlet-alpha'") from None
+    if partitioner == "group-dirichlet":  # out is group by group: back to partition order
+        order = [pid for g in sorted(set(groups)) for pid, h in enumerate(groups) if h == g]
+        out = [part for _, part in sorted(zip(order, out))]
     return tuple(out)
+
+
+def _deal_classes_to_groups(labels: np.ndarray, groups: np.ndarray, seed: int) -> np.ndarray:
+    """Each example's group: every class's examples, in a seeded shuffle, cut into the groups'
+    shares of clients (largest remainders), so each group holds its share of every class."""
+    from fedtune_app.data.scenarios import proportional_counts
+
+    ids, clients = np.unique(groups, return_counts=True)
+    rng = np.random.default_rng(seed)
+    out = np.empty(len(labels), dtype=np.int64)
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        out[members] = np.repeat(ids, proportional_counts(clients, len(members)))
+    return out
 
 
 # Data a method's server keeps out of every client's partition, filled by the methods when they
@@ -580,17 +611,21 @@ def client_examples(run: RunConfig, splits: DataSplits, partition_id: int,
     """A client's training examples, kept with the (per-process cached) ``splits``: a node
     reuses its partition every round instead of copying it out again (224x224 images: 0.6 GB
     per 1,000 examples)."""
+    from fedtune_app.data.groups import ratio_groups
+
     data, held_out = run.data, run.held_out
+    groups = ratio_groups(run, num_partitions) if data.partitioner == "group-dirichlet" else None
     key = (partition_id, num_partitions, data.partitioner, data.dirichlet_alpha,
            data.min_partition_size, run.seed, data.dirichlet_self_balancing,
-           held_out.proxy or False, held_out.public or False)
+           held_out.proxy or False, held_out.public or False, groups)
     cache = splits.__dict__.setdefault("_client_examples", {})
     if key not in cache:
         train, _ = public_split(held_out, splits)  # FedMD/FedDF: the public set is nobody's data
         def partition() -> np.ndarray:
             labels = tuple(train.labels.tolist())
             domains = None if train.domains is None else tuple(train.domains.tolist())
-            mine = partition_indices(labels, domains, num_partitions, *key[2:7])[partition_id]
+            mine = partition_indices(labels, domains, num_partitions, *key[2:7],
+                                     groups=groups)[partition_id]
             if held_out.proxy:  # the same partition as without a proxy, less the server's part
                 mine = np.setdiff1d(mine, proxy_indices(held_out.proxy, splits))
             return np.asarray(mine, dtype=np.int64)

@@ -65,11 +65,18 @@ MODELS = {
                 "img_size=16,patch_size=4,in_chans=3,embed_dim=32,depth=12,num_heads=2"),
     "vit12-t": ("vit_tiny_patch16_224",
                 "img_size=16,patch_size=4,in_chans=3,embed_dim=16,depth=12,num_heads=1"),
+    # HeteroTune's four sizes in miniature (ViT-T/S/B/L's widths 192/384/768/1024 over 24, L
+    # rounded up to whole heads of 16; L keeps its 24 blocks): widths 8, 16 (vit12-t), 32
+    # (vit12-s) and 48
+    "vit12-t8": ("vit_tiny_patch16_224",
+                 "img_size=16,patch_size=4,in_chans=3,embed_dim=8,depth=12,num_heads=1"),
+    "vit24-l": ("vit_tiny_patch16_224",
+                "img_size=16,patch_size=4,in_chans=3,embed_dim=48,depth=24,num_heads=3"),
 }
 # a family's defaults where they differ from the command's (the mini tier's recipe)
 MINI_RECIPE = {"dataset": "fashion-mnist+mnist-5k", "epochs": 10, "augment": True,
                "styles": True, "batch_size": 256}
-RECIPES = {"vit12": MINI_RECIPE, "vit12-s": MINI_RECIPE, "vit12-t": MINI_RECIPE}
+RECIPES = {family: MINI_RECIPE for family in ("vit12", "vit12-s", "vit12-t", "vit12-t8", "vit24-l")}
 DATASETS = ("fashion-mnist", "digits", "fashion-mnist+mnist-5k")
 CACHE = Path("~/.cache/fedtune")
 
