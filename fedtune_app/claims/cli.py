@@ -29,13 +29,13 @@ import argparse
 import sys
 
 from fedtune_app.claims import registry as reg
+from fedtune_app.claims.claim_text import ci_text
 from fedtune_app.claims.execution import print_dry_run, run_claims, tune_claims
 from fedtune_app.claims.planning import parse_data_dirs, plan_runs, plan_tuning
 from fedtune_app.claims.registry import (
     claim_seeds,
     tiers_of,
 )
-from fedtune_app.claims.claim_text import ci_text
 from fedtune_app.claims.report import write_report
 from fedtune_app.claims.store import LR_MODES, TIERS
 
