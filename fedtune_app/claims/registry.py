@@ -5,7 +5,7 @@ claims`` checks, and the settings they run in.
 A ``Setting`` is one federated scenario (model, data, capacities, training) with its run-config
 keys per tier: ``mini`` (the papers' design in miniature: a 12-block ViT pretrained offline, six
 domains with one client per domain and every class on every client, the papers' capacity
-profiles unscaled; presets ``mini`` and ``mini-groups``), ``cpu`` (label skew, a setting the
+profiles unscaled; presets ``mini``, ``mini-groups`` and ``mini-pooled``), ``cpu`` (label skew, a setting the
 papers did not run: all-MiniLM-L6-v2, 6 blocks, on BBC News over Dirichlet label skew), ``gpu``
 (the papers' depth on real weights: the ``mpnet-*`` presets, the decoder presets) and ``paper``
 (the papers' own ViT-B/16 presets, which need NICO++ / DomainNet under ``data-dir`` and the timm
@@ -68,7 +68,8 @@ CPU_GROUPS = CPU_BASE | {
 
 # --- the mini tier: the papers' design in miniature (presets ``mini``: depth methods, a
 # 12-block ViT with one client per domain, every class on every client; ``mini-groups``:
-# HeteroTune's model groups, ViTs of several widths on the same domains). Its settings give
+# HeteroTune's model groups, ViTs of several widths on the same domains; ``mini-pooled``:
+# HeteroTune's own design, label skew over the pooled domains). Its settings give
 # only what the papers vary: capacities, model-group ratio. The rate is chosen per arm on the
 # validation split (LR_GRID below), never on the test set.
 MINI_KEYS = {"preset": "mini"}
