@@ -729,10 +729,9 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     # AllSmall ignore the ratio): 9+4+4+4+2+3+2+2+1+1+8+2+2 = 44; LoRA ranks: mixed 8,8,4,4,2,2:
     # FedIT at rank 8 and at rank 2 (the gate), FedIT, FLoRA, FlexLoRA, HetLoRA; every client
     # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8;
-    # model groups in the paper's design: 8 arms at 3:3:2:2, and HeteroTune, Homo, AllLarge and
-    # AllSmall at 6:2:1:1 and at 1:1:2:6 (the ratio places the data: its own AllLarge and
-    # AllSmall): 8 + 4 + 4 = 16
-    assert len(specs) == (44 + 8 + 16) * 10
+    # model groups in the paper's design: 8 arms at 3:3:2:2, and HeteroTune and Homo at 6:2:1:1
+    # and at 1:1:2:6 (their gate: AllLarge and AllSmall at 3:3:2:2): 8 + 2 + 2 = 12
+    assert len(specs) == (44 + 8 + 12) * 10
     assert {s.seed for s in specs} == set(range(10))
     one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
     assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
@@ -749,6 +748,8 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
                                                        "all-small", 0, 0.01))
             for s in ("", "-small-heavy")]
     assert pooled[0] != pooled[1] and silo[0] == silo[1]
+    assert run_store.config_hash(run_store.run_config(
+        "mini", "heterotune-pooled-small-heavy", "all-small-3322", 0, 0.01)) == pooled[0]
     # Table 4's AllSmall is Table 1's 3-block model, run for run (its draws are ignored)
     for arm in ("all-small", "all-large"):
         assert (run_store.run_config("mini", "fedra-dynamic", arm, 0, 0.01)

@@ -162,6 +162,10 @@ ARMS = {a.label: a for a in [
     Arm("fedit", "fedit"), Arm("flora", "flora"), Arm("flexlora", "flexlora"),
     Arm("hetlora", "hetlora"), Arm("fedex-lora", "fedex-lora"),
     Arm("fedit-r8", "fedit", {"ranks": "8*6"}), Arm("fedit-r2", "fedit", {"ranks": "2*6"}),
+    # the gate of HeteroTune's Table 5 ratios in the paper's design: AllLarge and AllSmall on
+    # Table 1's placement of the pooled data (3:3:2:2), run for run Table 1's own
+    Arm("all-large-3322", "all-large", {"model-group-ratio": "3:3:2:2"}),
+    Arm("all-small-3322", "all-small", {"model-group-ratio": "3:3:2:2"}),
 ]}
 
 
@@ -291,15 +295,20 @@ SETTINGS = {s.id: s for s in [
                                 "model-group-ratio": "1:1:2:6"}, groups=True,
                    mini={"model-group-ratio": "1:1:4"}), **HETERO_CIFAR),
     # HeteroTune in the paper's design (conf/mini-pooled.toml): label skew over the pooled
-    # styles, 20 clients, four sizes; Tables 1 and 5 differ only in the ratio
+    # styles, 20 clients, four sizes; Tables 1 and 5 differ only in the ratio. The ratio places
+    # the data too (group-dirichlet), so Table 5's gate is Table 1's AllLarge and AllSmall: for
+    # a method with one model on every client the ratio only re-deals the same pooled data, and
+    # the 24-block AllLarge is the setting's dearest run
     *[Setting(f"heterotune-pooled{suffix}", f"HeteroTune Table {table} (ratio {ratio}) in the "
               "paper's design: Dirichlet(0.1) label skew over the pooled digit styles inside "
               "each model group (every group's clients hold every class), 20 clients, four "
-              "sizes (12-block ViTs of widths 8, 16, 32 and a 24-block one of width 48). mini "
-              "only",
+              "sizes (12-block ViTs of widths 8, 16, 32 and a 24-block one of width 48)"
+              + ("" if ratio == "3:3:2:2" else "; AllLarge and AllSmall on Table 1's placement "
+                 "(3:3:2:2)") + ". mini only",
               _tiers(None, None, None, groups=True,
                      mini={"preset": "mini-pooled", "model-group-ratio": ratio}),
-              **HETERO_CIFAR)
+              **HETERO_CIFAR, **({} if ratio == "3:3:2:2" else
+                                 dict(reference="all-large-3322", small="all-small-3322")))
       for suffix, table, ratio in (("", "1", "3:3:2:2"), ("-small-heavy", "5", "6:2:1:1"),
                                    ("-large-heavy", "5", "1:1:2:6"))],
     # LoRA-rank heterogeneity on the depth settings' model, data and splits: every client holds
