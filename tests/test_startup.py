@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RAY_TIMED_OUT = ("\x1b[91mERROR \x1b[0m:     An exception occured!! The current node timed out "
                  "during startup. This could happen because some of the raylet failed to startup "
                  "or the GCS has become overloaded.")
+NO_GCS = ("\x1b[91mERROR \x1b[0m:     An exception occured!! System error: Failed to connect to "
+          "GCS. Please check if the GCS server is running and if this node can connect to the "
+          "head node.")
+IN_INIT_RAY = ('  File "/v/lib/python3.11/site-packages/flwr/server/superlink/fleet/vce/backend/'
+               'raybackend.py", line 119, in init_ray')
 NO_SUPERLINK = ("Connection to the SuperLink is unavailable. Please check your network "
                 "connectivity and verify that the SuperLink address is correct.")
 RESULTS_NAMED = ("14:38:54 fedtune fedtune: fedra on mixer_s16_224, 3 clients [4, 2, 1], 2 rounds; "
@@ -36,6 +41,14 @@ def test_a_start_up_failure_before_the_run_started_is_retried_and_nothing_else()
                                                 "within Ray's fixed 30 s")
     assert StartupWatch().scan("\n".join(["", NO_SUPERLINK])).startswith(
         "the local SuperLink that `flwr run` starts did not answer")
+    # the same wait, when its poll's connection to a starved GCS gives up first; and any other
+    # error out of Ray's start-up, known by Flower's frame in its traceback
+    assert StartupWatch().scan("\n".join(BEFORE + [NO_GCS, "Traceback", IN_INIT_RAY])) == (
+        "Ray's driver could not reach its GCS while it waited for the raylet (a busy machine "
+        "starves Ray's start-up)")
+    assert StartupWatch().scan("\n".join(BEFORE + ["ValueError: bad", "Traceback",
+                                                   IN_INIT_RAY])) == \
+        "Ray did not start (the error above)"
     # the run's own failures: a bad config, a crash, and Ray failing once the run had started
     # (its results folder named, or a round begun), which a new start must not repeat
     for log in (BEFORE + ["'capacities': client 0 has capacity 9; allowed: 1..4",
@@ -133,8 +146,9 @@ def starve(session: int, seconds: float) -> None:
 def test_fedtune_run_starts_the_simulation_once_more_when_a_busy_machine_starved_ray(tmp_path):
     """The smoke preset through `fedtune run` while, from the moment Ray's raylet appears, the
     simulation gets next to no CPU for 30 s: the raylet does not register within Ray's fixed
-    30 s ("The current node timed out during startup"), `fedtune run` says so, starts the
-    simulation once more, and prints the results folder of a complete run."""
+    30 s ("The current node timed out during startup"; in 2 of 10 such runs the driver's poll
+    could not reach the starved GCS first), `fedtune run` says so, starts the simulation once
+    more, and prints the results folder of a complete run."""
     home, results, out = tmp_path / "flwr-home", tmp_path / "results", tmp_path / "out.log"
     env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(ROOT)}
     with out.open("w") as sink:
@@ -155,11 +169,13 @@ def test_fedtune_run_starts_the_simulation_once_more_when_a_busy_machine_starved
             proc.kill()
         stop(str(home))
     said = out.read_text()
-    log = (home / "last-run.log").read_text()
-    assert "The current node timed out during startup" in log, said[-3000:]  # the load did it
     assert proc.returncode == 0, said[-3000:]
-    assert ("fedtune run: Ray's raylet did not register with the GCS within Ray's fixed 30 s "
-            "(a busy machine starves Ray's start-up); starting the simulation once more") in said
+    # the load stopped Ray's first start-up (mostly the raylet that never registers, at times
+    # the driver's connection to the GCS: tools/startup.py), and `fedtune run` said so
+    notes = [line for line in said.splitlines() if "starting the simulation once more" in line]
+    assert len(notes) == 1 and notes[0].startswith("fedtune run: Ray's ") and notes[0].endswith(
+        "(a busy machine starves Ray's start-up); starting the simulation once more"), notes
+    assert notes[0] in (home / "last-run.log").read_text()
     folder = Path(said.strip().splitlines()[-1])
     assert folder.parent == results and list(results.iterdir()) == [folder]
     metrics = json.loads((folder / "metrics.json").read_text())

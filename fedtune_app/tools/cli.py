@@ -160,16 +160,17 @@ def run(args) -> int:
     try:
         with log_path.open("w") as log:
             streaming[0] = True  # a signal from here on ends in the clean-up below
-            watch = StartupWatch()
-            stream(command, env, log, seen, watch)
-            if watch.failed:  # nothing computed yet, so once more (tools/startup.py says why)
-                stop(str(home))  # the SuperLink and its session: the simulation, Ray, and the
-                # agents of a raylet that gave up
-                note = f"fedtune run: {watch.failed}; starting the simulation once more\n"
-                sys.stdout.write(note)
-                log.write(note)
-                seen = FlwrRun()
-                stream(command, env, log, seen)
+            for again in (True, False):
+                seen, watch = FlwrRun(), StartupWatch()
+                stream(command, env, log, seen, watch)
+                if not watch.failed:
+                    break
+                # nothing computed yet, so once more (tools/startup.py says why); a `flwr run`
+                # whose simulation failed to start may never end, so it is stopped either way
+                stop(str(home))  # with its sessions: Ray, and the agents of a dead raylet
+                note = "; starting the simulation once more" if again else ", again: giving up"
+                sys.stdout.write(f"fedtune run: {watch.failed}{note}\n")
+                log.write(f"fedtune run: {watch.failed}{note}\n")
             streaming[0] = False
     except Interrupted:
         pass
@@ -199,11 +200,12 @@ class FlwrRun:
 
 
 def stream(command: list[str], env: dict[str, str], log, seen: FlwrRun,
-           watch: StartupWatch | None = None) -> None:
+           watch: StartupWatch) -> None:
     """Run `flwr run` with its output on stdout and in ``log``, noting in ``seen`` what it
-    says. With a ``watch``, stop at the line that shows the simulation failed to start
-    (``watch.failed``): that `flwr run` cannot recover. `flwr run` is killed when it is still
-    running as this returns or raises (a start-up failure, a signal)."""
+    says; stop at the line that shows the simulation failed to start (``watch.failed``): that
+    `flwr run` cannot recover, and may not even end (seen once after "Failed to connect to
+    GCS"). `flwr run` is killed when it is still running as this returns or raises (a start-up
+    failure, a signal)."""
     proc = None
     try:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
@@ -215,7 +217,7 @@ def stream(command: list[str], env: dict[str, str], log, seen: FlwrRun,
                 seen.started = match.group(1)
             if line.startswith("RESULTS "):
                 seen.folder = line.split(" ", 1)[1].strip()
-            if watch is not None and watch.feed(line):
+            if watch.feed(line):
                 return
         seen.status = proc.wait()
     finally:

@@ -14,8 +14,11 @@ would break with its next release. What helps is to start the simulation once mo
 loses nothing: the ServerApp writes its results folder only after the nodes answered through
 Ray, so before that line nothing was computed. docs/reliability.md has the measurements.
 
-`fedtune run` feeds every line of `flwr run` to a ``StartupWatch``; when it names a start-up
-failure before the run started, it stops `flwr run` and the local SuperLink with everything
+Under that load the same wait can also end at its first poll, whose connection to the starved
+GCS gives up ("Failed to connect to GCS", an error the wait does not catch). `fedtune run` feeds
+every line of `flwr run` to a ``StartupWatch``; when it names a start-up failure (those two, any
+other error out of Flower's ``RayBackend.init_ray``, or the local SuperLink not answering `flwr
+run`) before the run started, it stops `flwr run` and the local SuperLink with everything
 they started, says why, and runs `flwr run` once more. A failure after the run started (its
 results folder named, or a round begun) is the run's own and is never retried, nor is a second
 start-up failure (a machine that busy needs its user's attention).
@@ -25,11 +28,16 @@ from __future__ import annotations
 
 import re
 
+BUSY = "a busy machine starves Ray's start-up"
 # what `flwr run` logs when the simulation did not start, and what that means for the user
 STARTUP_FAILURES = {
     "The current node timed out during startup":
-        "Ray's raylet did not register with the GCS within Ray's fixed 30 s (a busy machine "
-        "starves Ray's start-up)",
+        f"Ray's raylet did not register with the GCS within Ray's fixed 30 s ({BUSY})",
+    # the same wait's poll, when its connection to a starved GCS gives up first
+    "Failed to connect to GCS. Please check":
+        f"Ray's driver could not reach its GCS while it waited for the raylet ({BUSY})",
+    # Flower's RayBackend.init_ray in a traceback: any other error of Ray's start-up
+    ", in init_ray": "Ray did not start (the error above)",
     "Connection to the SuperLink is unavailable":
         "the local SuperLink that `flwr run` starts did not answer within the CLI's wait (a busy "
         "machine starves its start-up)",
