@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 
 from fedtune_app.methods import resolve_config
 from fedtune_app.tools.local_superlink import stop
+from fedtune_app.tools.startup import StartupWatch
 from localdeploy import BIN, ROOT, flower_env
 from runs import assert_accuracy_counts_the_test_set
 
@@ -38,12 +39,8 @@ def flwr_run(tmp_path: Path, run_config: str, supernodes: int = 3,
         finally:
             stop(str(home))
         log = proc.stdout + proc.stderr
-        # the local SuperLink that `flwr run` starts may not answer in the CLI's wait when the
-        # machine is busy, nor Ray's raylet register within Ray's fixed 30 s
-        # (ray/_private/node.py, not configurable): start-up, not the run, so once more
-        if not any(text in log for text in ("Connection to the SuperLink is unavailable",
-                                             "The current node timed out during startup")):
-            break
+        if not StartupWatch().scan(log):
+            break  # else it failed to start (a busy machine): once more, as `fedtune run` does
     match = re.search(r"RESULTS (\S+)", log)
     return (Path(match.group(1)) if match else None), log
 

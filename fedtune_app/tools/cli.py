@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune_app.config import ConfigError
 from fedtune_app.tools.pyproject_keys import toml_value
+from fedtune_app.tools.startup import STARTED, StartupWatch
 
 # tool name -> (module, one-line help); modules are imported only when their command runs
 TOOLS = {
@@ -120,7 +121,8 @@ def run(args) -> int:
     `flwr run` and the local SuperLink with everything it started (SuperExec, the simulation,
     Ray), then says where the results so far are and how to resume. The two signals are taken
     even when the shell that started us ignores them (a background job of a script): a user
-    who sends one wants the run stopped."""
+    who sends one wants the run stopped. A simulation that failed to start (Ray on a busy
+    machine: ``tools/startup.py``) is started once more, saying why; nothing was computed."""
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.tools.config_info import resolved
     from fedtune_app.tools.local_superlink import stop
@@ -141,8 +143,8 @@ def run(args) -> int:
     command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run", str(app), "--stream",
                "--federation-config", federation,
                "--run-config", run_config]
-    folder, log_path = None, home / "last-run.log"
-    started_folder = None  # the run's results folder, from the ServerApp's first line
+    log_path = home / "last-run.log"
+    seen = FlwrRun()  # the attempt streaming now
     caught: list[int] = []  # the signal that stopped us
     streaming = [False]
 
@@ -155,46 +157,75 @@ def run(args) -> int:
             raise Interrupted
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    proc, status = None, 1
     try:
         with log_path.open("w") as log:
-            streaming[0] = True
-            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                match = STARTED.search(line)
-                if match:
-                    started_folder = match.group(1)
-                if line.startswith("RESULTS "):
-                    folder = line.split(" ", 1)[1].strip()
-            status = proc.wait()
+            streaming[0] = True  # a signal from here on ends in the clean-up below
+            for again in (True, False):
+                seen, watch = FlwrRun(), StartupWatch()
+                stream(command, env, log, seen, watch)
+                if not watch.failed:
+                    break
+                # nothing computed yet, so once more (tools/startup.py says why); a `flwr run`
+                # whose simulation failed to start may never end, so it is stopped either way
+                stop(str(home))  # with its sessions: Ray, and the agents of a dead raylet
+                note = "; starting the simulation once more" if again else ", again: giving up"
+                sys.stdout.write(f"fedtune run: {watch.failed}{note}\n")
+                log.write(f"fedtune run: {watch.failed}{note}\n")
             streaming[0] = False
     except Interrupted:
         pass
     finally:
         streaming[0] = False
-        if caught and proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
         stopped = stop(str(home))  # `flwr run` leaves its local SuperLink running (detached)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if caught and not folder:  # (a signal after the last line: the run is complete)
+    if caught and not seen.folder:  # (a signal after the last line: the run is complete)
         sys.stdout.flush()
-        print(interrupted_report(signal.Signals(caught[0]).name, stopped, started_folder,
+        print(interrupted_report(signal.Signals(caught[0]).name, stopped, seen.started,
                                  results, args), file=sys.stderr)
         return 128 + caught[0]
-    if status or not folder:
+    if seen.status or not seen.folder:
         print(f"fedtune run: failed (log: {log_path})", file=sys.stderr)
-        return status or 1
-    print(folder)
+        return seen.status or 1
+    print(seen.folder)
     return 0
 
 
-# the ServerApp's first line names its results folder (``apps/server.py``)
-STARTED = re.compile(r"rounds; results in (\S.*?)\s*$")
+@dataclass
+class FlwrRun:
+    """What one `flwr run` told us as its output streamed."""
+    status: int = 1  # its exit status (1 until it exits)
+    started: str | None = None  # its results folder, from the ServerApp's first line
+    folder: str | None = None  # the results folder of the finished run (its RESULTS line)
+
+
+def stream(command: list[str], env: dict[str, str], log, seen: FlwrRun,
+           watch: StartupWatch) -> None:
+    """Run `flwr run` with its output on stdout and in ``log``, noting in ``seen`` what it
+    says; stop at the line that shows the simulation failed to start (``watch.failed``): that
+    `flwr run` cannot recover, and may not even end (seen once after "Failed to connect to
+    GCS"). `flwr run` is killed when it is still running as this returns or raises (a start-up
+    failure, a signal)."""
+    proc = None
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+            if match := STARTED.search(line):
+                seen.started = match.group(1)
+            if line.startswith("RESULTS "):
+                seen.folder = line.split(" ", 1)[1].strip()
+            if watch.feed(line):
+                return
+        seen.status = proc.wait()
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
 
 
 def interrupted_report(name: str, stopped: int, folder: str | None, results: Path,
