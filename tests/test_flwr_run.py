@@ -95,28 +95,3 @@ def test_flwr_run_stops_on_bad_config_before_training(tmp_path):
     assert folder is None and "[ROUND 1" not in log
 
 
-@pytest.mark.integration
-def test_flwr_run_with_the_batched_engine_trains_each_round_on_one_node(tmp_path):
-    """'client-engine = "batched"' through Ray: each round's three train tasks go to one
-    simulated node as one message and train there together (every client's metrics come from
-    one actor process); the final state is the sequential in-process run's, within float32
-    rounding (tests/test_batched_engine.py derives the tolerance)."""
-    from fedtune_app.apps.inprocess import run_inprocess
-
-    keys = 'preset = "smoke"\nmethod = "fedra"\nseed = 5\n'
-    config = tmp_path / "batched.toml"
-    config.write_text(keys + f'client-engine = "batched"\nresults-dir = "{tmp_path}"\n')
-    folder, log = flwr_run(tmp_path, str(config), supernodes=3)
-    assert folder, log[-4000:]
-    assert "3 clients' tasks to node" in log
-    metrics = json.loads((folder / "metrics.json").read_text())
-    for m in metrics:
-        assert not m["rejected"] and sorted(m["client-metrics"]) == ["0", "1", "2"], m
-        assert len({c["pid"] for c in m["client-metrics"].values()}) == 1
-    reference = run_inprocess({"preset": "smoke", "method": "fedra", "seed": 5,
-                               "results-dir": str(tmp_path / "sequential")})
-    ours, theirs = (load_file(str(Path(f) / "state.safetensors")) for f in (folder, reference))
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        scale = float(np.abs(value).max()) or 1.0
-        assert float(np.abs(ours[name] - value).max()) <= 1e-3 * scale, name

@@ -5,8 +5,9 @@ claims`` checks, and the settings they run in.
 A ``Setting`` is one federated scenario (model, data, capacities, training) with its run-config
 keys per tier: ``mini`` (the papers' design in miniature: a 12-block ViT pretrained offline, six
 domains with one client per domain and every class on every client, the papers' capacity
-profiles unscaled; presets ``mini``, ``mini-groups`` and ``mini-pooled``), ``cpu`` (label skew, a setting the
-papers did not run: all-MiniLM-L6-v2, 6 blocks, on BBC News over Dirichlet label skew), ``gpu``
+profiles unscaled; presets ``mini``, ``mini-groups`` and ``mini-pooled``), ``cpu`` (label
+skew, a setting the papers did not run: all-MiniLM-L6-v2, 6 blocks, on BBC News over Dirichlet
+label skew), ``gpu``
 (the papers' depth on real weights: the ``mpnet-*`` presets, the decoder presets) and ``paper``
 (the papers' own ViT-B/16 presets, which need NICO++ / DomainNet under ``data-dir`` and the timm
 hub). An ``Arm`` is a method as a claim runs it (a method plus keys of its own, e.g. FedRA with
