@@ -4,21 +4,19 @@ claims`` checks, and the settings they run in.
 
 A ``Setting`` is one federated scenario (model, data, capacities, training) with its run-config
 keys per tier: ``mini`` (the papers' design in miniature: a 12-block ViT pretrained offline, six
-domains with one client per domain and every class on every client, the papers' capacity
-profiles unscaled; presets ``mini``, ``mini-groups`` and ``mini-pooled``), ``cpu`` (label
-skew, a setting the papers did not run: all-MiniLM-L6-v2, 6 blocks, on BBC News over Dirichlet
-label skew), ``gpu``
+domains with one client per domain and every class on every client, the papers' capacity profiles
+unscaled; presets ``mini``, ``mini-groups`` and ``mini-pooled``), ``cpu`` (label skew, a setting
+the papers did not run: all-MiniLM-L6-v2, 6 blocks, on BBC News over Dirichlet label skew), ``gpu``
 (the papers' depth on real weights: the ``mpnet-*`` presets, the decoder presets) and ``paper``
 (the papers' own ViT-B/16 presets, which need NICO++ / DomainNet under ``data-dir`` and the timm
-hub). An ``Arm`` is a method as a claim runs it (a method plus keys of its own, e.g. FedRA with
-Eq. 3). A ``Claim`` is one sentence of one paper: its per-seed evidence is a paired sum of
-primary metrics ``terms`` (coefficient, setting, arm), e.g. FedRA minus InclusiveFL in one
-setting, or the growth of a gap between two settings, tested in the paper's ``direction``
-(``stats``). The statistical plan is fixed here before any run: each tier's seed count
-(``TIER_SEEDS``), each margin with its reason, the learning-rate grid and the rule that picks a
-rate per arm on the validation split (``LR_GRID``, ``TUNING_SEEDS``, ``LR_RULE``). Settings that
-map to the same keys share their runs (the cache is keyed on the run config, not on the
-setting's name).
+hub). An ``Arm`` is a method as a claim runs it (a method plus keys of its own, e.g. FedRA with Eq.
+3). A ``Claim`` is one sentence of one paper: its per-seed evidence is a paired sum of primary
+metrics ``terms`` (coefficient, setting, arm), e.g. FedRA minus InclusiveFL in one setting, or the
+growth of a gap between two settings, tested in the paper's ``direction`` (``stats``). The
+statistical plan is fixed here before any run: each tier's seed count (``TIER_SEEDS``), each margin
+with its reason, the learning-rate grid and the rule that picks a rate per arm on the validation
+split (``LR_GRID``, ``TUNING_SEEDS``, ``LR_RULE``). Settings that map to the same keys share their
+runs (the cache is keyed on the run config, not on the setting's name).
 
 Choices the papers leave open, and the scaling of their 12-block shapes to the 6 blocks of
 MiniLM (``cpu`` tier), are written in each entry (``choices``). Every claim run has update
