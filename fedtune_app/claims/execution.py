@@ -37,19 +37,25 @@ def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STOR
                 results: Path = RESULTS, log=print, arms: list[str] | None = None,
                 jobs: int = 1, rerun_older: bool = False) -> dict:
     """Run the tuning runs still missing (``jobs`` at a time; ``rerun_older``: and those made
-    by older code); write ``tuning/<tier>-rates.json`` (each arm's rate and validation means)
-    and return the choices."""
+    by older code); rewrite ``tuning/<tier>-rates.json`` and return the choices of the
+    claims asked for."""
     specs = plan_tuning(patterns, tier, arms)
     _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
-    choices = tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
+    write_rates(tier, store)
+    return tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
+
+
+def write_rates(tier: str, store: Path = STORE) -> None:
+    """``tuning/<tier>-rates.json``: every tuned arm of the tier, its rate and validation
+    means (not only those of the last ``tune``'s claims)."""
     from fedtune_app.apps.results import write_json
 
+    choices = tuned_rates(tier, store)
     write_json(store / "tuning" / f"{tier}-rates.json", {
         "rule": reg.LR_RULE, "grid": list(reg.LR_GRID[tier]), "seeds": list(reg.TUNING_SEEDS),
         "rates": {f"{s} {a}": {"lr": c.lr, "best-round": c.best_round,
                                "validation-means": {f"{k:g}": v for k, v in c.means.items()}}
                   for (s, a), c in choices.items()}})
-    return choices
 
 
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
