@@ -9,21 +9,22 @@ LoRA ranks ('ranks') and step counts (Dirichlet label skew: unequal data, unequa
 and LoRA dropout is on, so the per-client dropout generators are compared too.
 
 Tolerance. Both engines do the same float32 operations on the same numbers; only the order of
-the sums inside a matmul differs (one (clients, rows, in) x (clients, in, out) batched matmul, or
-a frozen matmul over the concatenated rows, instead of one matmul per client; a mean over a
-client's slice instead of over its batch). A sum of K float32 products reassociated differs by at
-most about K * eps32 * sum|a_i b_i| (eps32 = 2^-24 per rounding, K roundings on a path); the
-longest sums here are a weight gradient's, K = examples x rows per example of a step (at most
-16 x 32 = 512). Relative to the gradient that is K * eps32 ~ 3e-5 per step; over S steps the
+the sums inside a matmul differs (one (clients, rows, in) x (clients, in, out) batched matmul,
+or a frozen matmul over the concatenated rows, instead of one matmul per client; a mean over a
+client's slice instead of over its batch). A sum of K float32 products reassociated differs by
+at most about K * eps32 * sum|a_i b_i| (eps32 = 2^-24 per rounding, K roundings on a path); the
+longest sums here are a weight gradient's, K = examples x rows per example of a step (at most 16
+x 32 = 512). Relative to the gradient that is K * eps32 ~ 3e-5 per step; over S steps the
 differences add (the trajectories stay close: lr times the loss's curvature is well below 1 at
 these rates), so the trained tensor differs from the sequential one by at most S * K * eps32 of
-the update's size: with S <= 12 steps (at most 121 examples at batch 16 here) 3.7e-4 of
-max |update|; each step also rounds the new value once at the tensor's own magnitude, adding
-S * eps32 * max |value|. On this CPU the two engines agree bit for bit (each client's slice of a
-batched matmul is computed like its own matmul); the tolerance is what a machine whose kernels
-block the sums differently may differ by. A wrong mask, loss scale, clip or dropout draw moves
-an update by a sizeable fraction of itself: thousands of tolerances
-(test_a_wrong_loss_scale_is_caught; the others were checked by hand).
+the update's size: with S <= 12 steps (at most 121 examples at batch 16 here) 3.7e-4 of max
+|update|; each step also rounds the new value once at the tensor's own magnitude, adding S *
+eps32 * max |value|. On the CPU this was first written on the two engines agreed bit for bit
+(each client's slice of a batched matmul computed like its own matmul); on an AMD EPYC they do
+not, and the tolerance is what such a machine, whose kernels block the sums differently, may
+differ by. A wrong mask, loss scale, clip or dropout draw moves an update by a sizeable fraction
+of itself: thousands of tolerances (test_a_wrong_loss_scale_is_caught; the others were checked
+by hand).
 """
 
 from __future__ import annotations
@@ -102,22 +103,32 @@ def fresh(rc: dict, msg, node_config: dict) -> Context:
                    state=RecordDict(), run_config=dict(rc))
 
 
-def relative_difference(sent: dict, ours: dict, theirs: dict) -> float:
+def relative_difference(sent: dict, ours: dict, theirs: dict, rtol: float = RTOL) -> float:
     """max over tensors of max |ours - theirs| / tolerance, the tolerance of a tensor being
-    RTOL x max |update| (the reassociated sums, module docstring) plus MAX_STEPS x eps32 x
+    rtol x max |update| (the reassociated sums, module docstring) plus MAX_STEPS x eps32 x
     max |value| (each step rounds the new value once at the tensor's own magnitude); <= 1 is
-    equal."""
-    worst = 0.0
+    equal. A tensor's update counts at least its module's largest (a bias next to its weight):
+    a gradient whose sum cancels to about zero (the bias of an adapter's up-projection inside
+    the Mixer's token MLP: 5e-10 after a round) is nothing but the rounding of terms as large
+    as the module's other gradient terms, and so differs by K x eps32 of those, not of itself."""
+    moved = {}
     for name, value in theirs.items():
         start = sent.get(name)
-        moved = float(np.abs(value - start).max() if start is not None
-                      and start.shape == value.shape else np.abs(value).max())
-        tol = RTOL * moved + MAX_STEPS * EPS32 * float(np.abs(value).max()) + 1e-30
+        moved[name] = float(np.abs(value - start).max() if start is not None
+                            and start.shape == value.shape else np.abs(value).max())
+    module_moved = {}
+    for name, size in moved.items():
+        module = name.rsplit(".", 1)[0]
+        module_moved[module] = max(module_moved.get(module, 0.0), size)
+    worst = 0.0
+    for name, value in theirs.items():
+        scale = module_moved[name.rsplit(".", 1)[0]]
+        tol = rtol * scale + MAX_STEPS * EPS32 * float(np.abs(value).max()) + 1e-30
         worst = max(worst, float(np.abs(ours[name] - value).max()) / tol)
     return worst
 
 
-def compare_round(tmp_path, keys: dict) -> float:
+def compare_round(tmp_path, keys: dict, rtol: float = RTOL) -> float:
     rc, items = round_one(tmp_path, keys)
     assert items and not any(r.has_error() for _, _, r in items)
     replies = client.handle_train_cohort([(m, fresh(rc, m, nc)) for m, nc, _ in items])
@@ -130,8 +141,8 @@ def compare_round(tmp_path, keys: dict) -> float:
         assert {n: v.shape for n, v in a.items()} == {n: v.shape for n, v in b.items()}
         ma, mb = ours.content["metrics"], theirs.content["metrics"]
         assert ma["num-examples"] == mb["num-examples"]
-        worst = max(worst, abs(ma["train-loss"] - mb["train-loss"]) / (RTOL * mb["train-loss"]))
-        worst = max(worst, relative_difference(from_record(msg.content["arrays"]), a, b))
+        worst = max(worst, abs(ma["train-loss"] - mb["train-loss"]) / (rtol * mb["train-loss"]))
+        worst = max(worst, relative_difference(from_record(msg.content["arrays"]), a, b, rtol))
     return worst
 
 
@@ -166,10 +177,16 @@ def test_model_groups_train_one_cohort_per_group(tmp_path, method):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_vit_clients_with_different_blocks_and_adamw(tmp_path, seed):
-    """The ViT family (the claims' backbone), FedRA's random block subsets, AdamW."""
-    keys = VIT | {"method": "fedra", "seed": seed, "optimizer": "adamw", "lr": 0.01,
+    """The ViT family (the claims' backbone), FedRA's random block subsets, AdamW with its state
+    per client. Adam's step m/sqrt(v) moves by up to twice a relative change of the gradient (m
+    and sqrt(v) each by one), hence twice the tolerance. And it steps each element by about lr
+    however small its gradient, so its per-element rate is lr / sqrt(v), far above lr: the
+    docstring's "lr times the curvature well below 1" needs a small lr, 1e-3 here (at 1e-2,
+    on an AMD EPYC, two of three seeds differed by 3.6 and 4.3 tolerances, a LoRA A whose
+    gradients are tiny while its B is near zero)."""
+    keys = VIT | {"method": "fedra", "seed": seed, "optimizer": "adamw", "lr": 0.001,
                   "capacities": "4,3,2,1"}
-    assert compare_round(tmp_path, keys) <= 1.0
+    assert compare_round(tmp_path, keys, rtol=2 * RTOL) <= 1.0
 
 
 def test_the_methods_with_their_own_step_fall_back(tmp_path):

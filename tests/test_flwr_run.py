@@ -17,8 +17,8 @@ from fedtune_app.tools.startup import StartupWatch
 from localdeploy import BIN, ROOT, flower_env
 from runs import assert_accuracy_counts_the_test_set
 
-# the Ray runs through `flwr run` go one at a time on one xdist worker (see the Makefile)
-pytestmark = pytest.mark.xdist_group("local-superlink")
+# a `flwr run` through Ray: `make test` runs these one at a time (see the Makefile)
+pytestmark = pytest.mark.ray
 
 # Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)
 FLOWER_LOCAL_SUPERLINK_PORTS = (39091, 39093)
@@ -50,11 +50,23 @@ def test_flwr_run_trains_fedra_in_ray_actors_and_rejects_raising_and_nan_clients
     """The smoke preset through Ray's engine with four supernodes; test-only key
     ``fault-injection``: partition 2 raises every round, partition 3 replies NaN. Both are
     rejected and named each round; the state comes from partitions 0 and 1, which trained in
-    Ray actor processes. (One Ray run for both: Ray's start-up is most of its cost.)"""
+    Ray actor processes. (One Ray run for both: Ray's start-up is most of its cost.)
+
+    Also: our `flwr run` leaves Flower's fixed local-SuperLink ports alone. They are held by a
+    listener that never answers (where free to hold), which would make a `flwr run` on them fail
+    to start its SuperLink, or reuse whatever SuperLink sits there."""
     config = tmp_path / "faults.toml"  # Flower's --run-config also takes a TOML file
     config.write_text(f'preset = "smoke"\nresults-dir = "{tmp_path}"\ncapacities = "4,2,1,1"\n'
                       'fault-injection = "raise=2,nan=3"\n')
-    folder, log = flwr_run(tmp_path, str(config), supernodes=4)
+    with contextlib.ExitStack() as held:
+        for port in FLOWER_LOCAL_SUPERLINK_PORTS:
+            listener = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # taken already: by something we must not use
+                listener.bind(("127.0.0.1", port))
+                listener.listen()
+        folder, log = flwr_run(tmp_path, str(config), supernodes=4)
+    started = re.search(r"Starting local SuperLink on 127\.0\.0\.1:(\d+)", log)
+    assert started and int(started.group(1)) not in FLOWER_LOCAL_SUPERLINK_PORTS, log[-3000:]
     assert folder, log[-4000:]
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
@@ -75,23 +87,3 @@ def test_flwr_run_trains_fedra_in_ray_actors_and_rejects_raising_and_nan_clients
     state = load_file(str(folder / "state.safetensors"))
     assert state and all(np.isfinite(v).all() for v in state.values())
     assert (folder / "checkpoint.safetensors").is_file()
-
-
-@pytest.mark.integration
-def test_flwr_run_stops_on_bad_config_before_training(tmp_path):
-    """Also: our `flwr run` leaves Flower's fixed local-SuperLink ports alone. They are held by a
-    listener that never answers (where free to hold), which would make a `flwr run` on them fail
-    to start its SuperLink, or reuse whatever SuperLink sits there."""
-    with contextlib.ExitStack() as held:
-        for port in FLOWER_LOCAL_SUPERLINK_PORTS:
-            listener = held.enter_context(socket.socket())
-            with contextlib.suppress(OSError):  # taken already: by something we must not use
-                listener.bind(("127.0.0.1", port))
-                listener.listen()
-        folder, log = flwr_run(tmp_path, 'preset="smoke" capacities="9,2,1"', timeout=300)
-    started = re.search(r"Starting local SuperLink on 127\.0\.0\.1:(\d+)", log)
-    assert started and int(started.group(1)) not in FLOWER_LOCAL_SUPERLINK_PORTS, log[-3000:]
-    assert "'capacities': client 0 has capacity 9; allowed: 1..4" in log, log[-3000:]
-    assert folder is None and "[ROUND 1" not in log
-
-

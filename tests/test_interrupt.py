@@ -1,7 +1,9 @@
 """Ctrl-C stops everything `fedtune run` started: SIGINT to its process group (what a terminal
 sends) mid-run leaves no Flower or Ray process of it, says where the results and the last
 checkpoint are, and the printed command's keys resume the run. The real `flwr run`, local
-SuperLink and Ray simulation. (SIGTERM takes the same path in `fedtune run`.)"""
+SuperLink and Ray simulation. (SIGTERM takes the same path in `fedtune run`.) The run uses the
+batched client engine, whose bundles this checks through Ray too (tests/test_batched_engine.py
+checks in process that a bundled round equals the sequential one)."""
 
 import json
 import os
@@ -22,8 +24,8 @@ from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.tools.cli import checkpoint_round
 from fedtune_app.tools.local_superlink import stop
 
-# the Ray runs through `flwr run` go one at a time on one xdist worker (see the Makefile)
-pytestmark = pytest.mark.xdist_group("local-superlink")
+# a `flwr run` through Ray: `make test` runs these one at a time (see the Makefile)
+pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -57,7 +59,8 @@ def names(procs) -> str:
 def test_sigint_stops_the_run_and_everything_it_started_and_the_run_resumes(tmp_path):
     home, results, out = tmp_path / "flwr-home", tmp_path / "results", tmp_path / "out.log"
     env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    keys = f'preset="smoke" num-server-rounds={ROUNDS}'
+    # the batched client engine (one Ray run for both: Ray's start-up is most of its cost)
+    keys = f'preset="smoke" num-server-rounds={ROUNDS} client-engine="batched"'
     with out.open("w") as sink:
         # started as a script's background job is: SIGINT ignored, which `fedtune run` (and
         # `flwr run` under it) inherit; a user who sends it still means stop
@@ -102,6 +105,13 @@ def test_sigint_stops_the_run_and_everything_it_started_and_the_run_resumes(tmp_
     again = Path(run_inprocess(resumed | {"num-server-rounds": rounds,
                                           "results-dir": str(tmp_path / "resumed")}))
     before = json.loads((folder / "metrics.json").read_text())[:done]
+    # each round's three train tasks went to one simulated node as one message and trained
+    # there together: every client's metrics come from one Ray actor process, not the server's
+    assert "fedtune: client-engine batched: 3 clients' tasks to node" in log
+    for m in before:
+        assert not m["rejected"] and sorted(m["client-metrics"]) == ["0", "1", "2"], m
+        pids = {c["pid"] for c in m["client-metrics"].values()}
+        assert len(pids) == 1 and m["server"]["pid"] not in pids, m
     after = json.loads((again / "metrics.json").read_text())
     assert [m["round"] for m in after] == list(range(1, rounds + 1))
     assert [(m["accuracy"], m["loss"]) for m in after[:done]] == \

@@ -8,10 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
-from safetensors.numpy import load_file
 
 from fedtune_app.tools.local_superlink import stop
 from fedtune_app.tools.startup import StartupWatch
@@ -149,30 +147,21 @@ def starve(session: int, seconds: float, until=lambda: False) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("local-superlink")  # one Ray engine at a time (see the Makefile)
-def test_fedtune_run_with_the_batched_engine_starts_once_more_when_a_busy_machine_starved_ray(
-        tmp_path):
+@pytest.mark.ray
+@pytest.mark.stress  # the kernel's share-out decides when Ray fails: `make test-stress` only
+def test_fedtune_run_starts_once_more_when_a_busy_machine_starved_ray(tmp_path):
     """The smoke preset through `fedtune run` while, from the moment Ray's raylet appears until
     its first start-up has failed (60 s at most), the simulation gets next to no CPU: the
     raylet does not register within Ray's fixed 30 s ("The current node timed out during
     startup"; in 2 of 10 such runs the driver's poll could not reach the starved GCS first),
     `fedtune run` says so, starts the simulation once more, and prints the results folder of a
-    complete run.
-
-    The run uses 'client-engine = "batched"' (one Ray run for both: Ray's start-up is most of
-    its cost): each round's three train tasks go to one simulated node as one message and train
-    there together (every client's metrics come from one actor process), and the final state is
-    the sequential in-process run's, within float32 rounding (tests/test_batched_engine.py
-    derives the tolerance)."""
-    from fedtune_app.apps.inprocess import run_inprocess
-
+    complete run."""
     home, results, out = tmp_path / "flwr-home", tmp_path / "results", tmp_path / "out.log"
     env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    keys = 'preset="smoke" method="fedra" seed=5'
     with out.open("w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
                                  str(ROOT), "--results", str(results), "--run-config",
-                                 keys + ' client-engine="batched"'], cwd=tmp_path, env=env,
+                                 'preset="smoke" seed=5'], cwd=tmp_path, env=env,
                                 stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
@@ -189,7 +178,7 @@ def test_fedtune_run_with_the_batched_engine_starts_once_more_when_a_busy_machin
             proc.kill()
         stop(str(home))
     said = out.read_text()
-    assert proc.returncode == 0, said[-3000:]
+    assert proc.returncode == 0, said[-3000:] + read(home / "last-run.log")[-6000:]
     # the load stopped Ray's first start-up (mostly the raylet that never registers, at times
     # the driver's connection to the GCS: tools/startup.py), and `fedtune run` said so
     notes = [line for line in said.splitlines() if "starting the simulation once more" in line]
@@ -202,18 +191,6 @@ def test_fedtune_run_with_the_batched_engine_starts_once_more_when_a_busy_machin
     assert [m["round"] for m in metrics] == [1, 2]
     # nothing of either start is left, not even the agents of the raylet that gave up
     assert not [p.pid for p in psutil.process_iter() if flwr_home(p) == str(home)]
-    # the batched engine: one node trained each round's clients together
-    assert "3 clients' tasks to node" in said
-    for m in metrics:
-        assert not m["rejected"] and sorted(m["client-metrics"]) == ["0", "1", "2"], m
-        assert len({c["pid"] for c in m["client-metrics"].values()}) == 1
-    reference = run_inprocess({"preset": "smoke", "method": "fedra", "seed": 5,
-                               "results-dir": str(tmp_path / "sequential")})
-    ours, theirs = (load_file(str(Path(f) / "state.safetensors")) for f in (folder, reference))
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        scale = float(np.abs(value).max()) or 1.0
-        assert float(np.abs(ours[name] - value).max()) <= 1e-3 * scale, name
 
 
 def flwr_home(proc: psutil.Process) -> str | None:
