@@ -351,7 +351,7 @@ def test_a_bf16_checkpoint_config_builds_float32_parameters():
 
 
 @pytest.mark.integration
-@pytest.mark.ray  # `make test` runs these one at a time (see the Makefile)
+@pytest.mark.ray  # `make test` runs these one at a time (scripts/test.sh)
 def test_fedtune_run_trains_a_decoder_in_ray_and_prints_the_results_folder(decoder_dirs,
                                                                            glue_dir, tmp_path):
     """`fedtune run` = `flwr run` of the FAB (built with fab-include) under the Makefile's

@@ -17,7 +17,7 @@ from fedtune_app.tools.startup import StartupWatch
 from localdeploy import BIN, ROOT, flower_env
 from runs import assert_accuracy_counts_the_test_set
 
-# a `flwr run` through Ray: `make test` runs these one at a time (see the Makefile)
+# a `flwr run` through Ray: `make test` runs these one at a time (scripts/test.sh)
 pytestmark = pytest.mark.ray
 
 # Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)

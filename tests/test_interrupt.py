@@ -24,7 +24,7 @@ from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.tools.cli import checkpoint_round
 from fedtune_app.tools.local_superlink import stop
 
-# a `flwr run` through Ray: `make test` runs these one at a time (see the Makefile)
+# a `flwr run` through Ray: `make test` runs these one at a time (scripts/test.sh)
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parent.parent
