@@ -20,7 +20,7 @@ setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$@"
     tests > "$logic_log" 2>&1 &
 logic=$!
 # a Ctrl-C reaches this shell's process group, not the logic tests' new session
-trap 'kill -- -$logic 2>/dev/null; rm -f "$logic_log"; exit 130' INT TERM
+trap 'kill -- -$logic 2>/dev/null; exit 130' INT TERM  # (the EXIT trap removes the log)
 
 "${PYTEST[@]}" --durations=5 -m "ray and not stress" tests
 ray=$?
@@ -30,7 +30,7 @@ wait $logic
 logic_status=$?
 echo "== the logic tests, run beside the integration runs above =="
 cat "$logic_log"
-echo "make test: Ray runs $([ $ray = 0 ] && echo passed || echo FAILED), other integration" \
-     "runs $([ $deployment = 0 ] && echo passed || echo FAILED), logic tests" \
-     "$([ $logic_status = 0 ] && echo passed || echo FAILED)"
+verdict() { if [ "$1" = 0 ]; then echo passed; else echo FAILED; fi; }
+echo "make test: Ray runs $(verdict $ray), other integration runs $(verdict $deployment)," \
+     "logic tests $(verdict $logic_status)"
 [ $ray = 0 ] && [ $deployment = 0 ] && [ $logic_status = 0 ]
