@@ -420,6 +420,37 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
     assert run_store.records_by_hash(folder)[spec.hash]["fingerprint"] == "now"
 
 
+def test_records_name_their_checkpoints_and_the_report_flags_a_setting_that_mixes_them(
+        tmp_path):
+    """A record names each checkpoint file it loaded by its sha256 (first 16 digits; sha256 of
+    b"abc" is FIPS 180-2's example), model groups' files included and a shared file once; the
+    report lists the settings whose records loaded different files of one name."""
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools.pretrain import checkpoint_digests
+
+    (tmp_path / "a.safetensors").write_bytes(b"abc")
+    (tmp_path / "b.safetensors").write_bytes(b"")
+    keys = {"method": "homo", "model-groups": "vit_tiny_patch16_224",
+            "model-group-sources": f"{tmp_path}/a.safetensors;{tmp_path}/b.safetensors;"
+                                   f"{tmp_path}/a.safetensors;random"}
+    assert checkpoint_digests(resolve_config(keys)) == {"a.safetensors": "ba7816bf8f01cfea",
+                                                        "b.safetensors": "e3b0c44298fc1c14"}
+    assert checkpoint_digests(resolve_config({"model-source": "random"})) == {}
+
+    def record(hash_, setting, digest=None):
+        return {"hash": hash_, "setting": setting} | (
+            {"checkpoints": {"a.safetensors": digest}} if digest else {})
+
+    records = {r["hash"]: r for r in (record("1", "s", "x"), record("2", "s", "x"),
+                                      record("3", "s", "y"), record("4", "t", "x"),
+                                      record("5", "t"))}
+    assert reporting.checkpoint_section("mini", records) == [
+        "4 of the 5 records of tier `mini` name the backbone checkpoints they loaded (the others "
+        "were made before records named them).",
+        "- setting `s`: its records loaded 2 different `a.safetensors`: `x` (2 records); `y` "
+        "(1 records)", ""]
+
+
 def test_pairing_same_seed_same_partition_and_draws(tmp_path, monkeypatch):
     """One seed gives every method the same partitions, sampled clients and dynamic capacity
     draws, although FedRA draws its allocation from the same seed and InclusiveFL does not."""

@@ -103,9 +103,12 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
     """Run one (setting, arm, seed) in this process and store its record; ``commit`` and
     ``fingerprint``: the code this process loaded (HEAD may move while a campaign runs). A run
     another campaign stored since this one planned is not run again (with ``rerun_older``: one
-    stored by this code): its record comes back, marked ``reused``."""
+    stored by this code): its record comes back, marked ``reused``. The record names the
+    checkpoints the run loaded by their digests (``checkpoints``)."""
     from fedtune_app.apps.inprocess import run_inprocess
     from fedtune_app.apps.results import write_json
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools.pretrain import checkpoint_digests
 
     method = spec.keys["method"]
     fingerprint = fingerprint or code_fingerprint(method)
@@ -121,6 +124,7 @@ def execute(spec: RunSpec, results: Path = RESULTS, store: Path = STORE,
                            time.process_time() - cpu_started)
     record["results-folder"] = str(folder.relative_to(ROOT) if folder.is_relative_to(ROOT)
                                    else folder)
+    record["checkpoints"] = checkpoint_digests(resolve_config(spec.keys))
     # a record run again (older code) replaces the one stored, under that one's name (a run
     # settings share keeps the name it has): every reader finds the new one
     old = stored_paths(spec, store)

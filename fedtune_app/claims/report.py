@@ -222,6 +222,25 @@ def older_code_section(tier: str, records: dict) -> list[str]:
     return lines + ["", "</details>", ""]
 
 
+def checkpoint_section(tier: str, records: dict) -> list[str]:
+    """Which backbone checkpoints the records loaded (their sha256, first 16 digits), and the
+    settings whose records loaded different files of one name: the stand-ins are pretrained on
+    the machine that runs, and two machines' files need not agree bit for bit."""
+    used = {r["hash"]: r for r in records.values()}
+    named = [r for r in used.values() if "checkpoints" in r]
+    lines = [f"{len(named)} of the {len(used)} records of tier `{tier}` name the backbone "
+             "checkpoints they loaded (the others were made before records named them)."]
+    digests: dict = {}
+    for r in named:
+        for file, digest in r["checkpoints"].items():
+            digests.setdefault((r["setting"], file), {}).setdefault(digest, []).append(r)
+    mixed = {k: v for k, v in sorted(digests.items()) if len(v) > 1}
+    lines += [f"- setting `{setting}`: its records loaded {len(found)} different `{file}`: "
+              + "; ".join(f"`{d}` ({len(rs)} records)" for d, rs in found.items())
+              for (setting, file), found in mixed.items()]
+    return lines + [""]
+
+
 def write_report(tiers=TIERS, out: Path = REPORT, store: Path = STORE,
                  readme: Path | None = README) -> str:
     """docs/claims.md (and the curves' PNGs next to it) from the stored run records; the
@@ -342,6 +361,7 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
     if records:
         lines += [f"### Records of tier `{tier}` and the code that made them", ""]
         lines += older_code_section(tier, records)
+        lines += checkpoint_section(tier, records)
     return lines
 
 

@@ -105,7 +105,6 @@ import secrets
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import trim_mean
 
 from fedtune_app.config import RobustConfig
 from fedtune_app.federated.aggregation import (
@@ -236,6 +235,10 @@ def combine(state: dict[str, np.ndarray], updates: list[ClientUpdate], robust: R
         if rule == "median":
             agg = np.median(values, axis=0)
         elif rule == "trimmed-mean":
+            # imported here: every client process loads this module, and scipy.stats costs
+            # about a second of each one's start-up
+            from scipy.stats import trim_mean
+
             agg = trim_mean(values, robust.trim_beta, axis=0)
         elif rule == "clipped-mean":
             bound = median_bound(key, deltas, clip_bounds)

@@ -86,21 +86,37 @@ def default_checkpoint(family: str) -> Path:
     return CACHE / f"{family}-{source}16.safetensors"
 
 
-def missing_checkpoints(cfg) -> list[str]:
-    """The local checkpoint files a run of ``cfg`` (a resolved ``RunConfig``) would stop on
-    before its first round, each with the command that makes it where it is a family's file of
-    this tool (the offline presets' stand-ins). 'model-source' is not one when the run fetches
-    it ('checkpoint-url'); model groups' own 'model-group-sources' still are."""
+def checkpoint_files(cfg) -> dict[str, Path]:
+    """The local checkpoint files a run of ``cfg`` (a resolved ``RunConfig``) loads its
+    backbones from, by 'model-source' (its model groups' own sources included); a checkpoint
+    the run fetches ('checkpoint-url') is not local."""
     from fedtune_app.config import parse_groups
 
     if cfg.model.checkpoint_url:  # fetched into 'model-source' by every node
         cfg = cfg.replace(**{"model-source": "pretrained"})
     sources = [g["model-source"] for g in parse_groups(cfg.model)] or [cfg.model.model_source]
+    return {s: Path(s).expanduser() for s in dict.fromkeys(sources)
+            if s not in ("pretrained", "random")}
+
+
+def checkpoint_digests(cfg) -> dict[str, str]:
+    """{file name: the first 16 hex digits of its sha256} of the checkpoints a run of ``cfg``
+    loads: a stand-in pretrained on another machine is not bit for bit the same file."""
+    import hashlib
+
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            for path in checkpoint_files(cfg).values() if path.is_file()}
+
+
+def missing_checkpoints(cfg) -> list[str]:
+    """The local checkpoint files a run of ``cfg`` (a resolved ``RunConfig``) would stop on
+    before its first round, each with the command that makes it where it is a family's file of
+    this tool (the offline presets' stand-ins). 'model-source' is not one when the run fetches
+    it ('checkpoint-url'); model groups' own 'model-group-sources' still are."""
     made_here = {default_checkpoint(f).expanduser(): f for f in MODELS}
     missing = []
-    for source in dict.fromkeys(sources):
-        path = Path(source).expanduser()
-        if source in ("pretrained", "random") or path.exists():
+    for source, path in checkpoint_files(cfg).items():
+        if path.exists():
             continue
         family = made_here.get(path)
         missing.append(f"{source}: no such checkpoint" + (
