@@ -423,8 +423,9 @@ def test_execute_keeps_a_record_of_other_code_unless_told_to_rerun(tmp_path, mon
 def test_records_name_their_checkpoints_and_the_report_flags_a_setting_that_mixes_them(
         tmp_path):
     """A record names each checkpoint file it loaded by its sha256 (first 16 digits; sha256 of
-    b"abc" is FIPS 180-2's example), model groups' files included and a shared file once; the
-    report lists the settings whose records loaded different files of one name."""
+    b"abc" is FIPS 180-2's example), model groups' files included and a shared file once; a
+    campaign warns where this machine's files differ from those its stored records loaded, and
+    the report lists the settings whose records loaded different files of one name."""
     from fedtune_app.methods import resolve_config
     from fedtune_app.tools.pretrain import checkpoint_digests
 
@@ -436,6 +437,17 @@ def test_records_name_their_checkpoints_and_the_report_flags_a_setting_that_mixe
     assert checkpoint_digests(resolve_config(keys)) == {"a.safetensors": "ba7816bf8f01cfea",
                                                         "b.safetensors": "e3b0c44298fc1c14"}
     assert checkpoint_digests(resolve_config({"model-source": "random"})) == {}
+
+    # a campaign warns before it runs where this machine's file is not the one that the
+    # setting's stored records loaded
+    spec = run_store.RunSpec("mini", "s", "homo", 0, keys)
+    assert execution.checkpoints_unlike_stored([spec], [
+        {"setting": "s", "checkpoints": {"a.safetensors": "ba7816bf8f01cfea"}},
+        {"setting": "s"}, {"setting": "t", "checkpoints": {"a.safetensors": "other"}}]) == []
+    assert execution.checkpoints_unlike_stored([spec], [
+        {"setting": "s", "checkpoints": {"a.safetensors": "ba7816bf8f01cfea",
+                                         "b.safetensors": "other"}}]) == [
+        "setting s: b.safetensors here is e3b0c44298fc1c14, its stored records loaded other"]
 
     def record(hash_, setting, digest=None):
         return {"hash": hash_, "setting": setting} | (

@@ -186,6 +186,27 @@ def check_checkpoints(specs: list[RunSpec]) -> None:
                           "missing: " + "; ".join(missing) + ". Nothing was run.")
 
 
+def checkpoints_unlike_stored(todo: list[RunSpec], stored: list[dict]) -> list[str]:
+    """Per setting of the runs ``todo``: the checkpoint files of this machine whose digest
+    differs from the one that ``stored`` records of that setting name (a claim's arms must be
+    fine-tuned from the same backbone; records that name no checkpoint are not compared)."""
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.tools.pretrain import checkpoint_digests
+
+    named: dict = {}
+    for r in stored:
+        for file, digest in r.get("checkpoints", {}).items():
+            named.setdefault((r["setting"], file), set()).add(digest)
+    here = {}
+    for spec in {(s.setting, s.arm): s for s in todo}.values():
+        for file, digest in checkpoint_digests(resolve_config(spec.keys)).items():
+            here[(spec.setting, file)] = digest
+    return [f"setting {setting}: {file} here is {digest}, its stored records loaded "
+            + ", ".join(sorted(named[(setting, file)]))
+            for (setting, file), digest in sorted(here.items())
+            if named.get((setting, file), {digest}) != {digest}]
+
+
 def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path = STORE) -> None:
     """What a campaign would do: each run done, done by older code ('older': run again with
     ``rerun_older``) or to do; the core-hours left, and the checkpoints it would stop on."""
@@ -218,6 +239,11 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
     state = {s.hash: run_state(s, done[s.hash], fingerprints) for s in specs}
     todo = [s for s in specs if state[s.hash] == "todo" or rerun_older and state[s.hash] == "older"]
     check_checkpoints(todo)
+    if unlike := checkpoints_unlike_stored(todo, [r for r in done.values() if r]):
+        log("claims: WARNING: this machine's backbone checkpoints are not the files the stored "
+            "records of these settings loaded (pretraining here made other files): "
+            + "; ".join(unlike) + ". A claim compares arms fine-tuned from one backbone: run "
+            "a setting's records again from one set of files.")
     older = sum(state[s.hash] == "older" for s in todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
         f"{len(todo)} to run" + (f" ({older} of them made by older code)" if older else "")
