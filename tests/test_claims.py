@@ -443,7 +443,9 @@ def test_records_name_their_checkpoints_and_the_report_flags_a_setting_that_mixe
     spec = run_store.RunSpec("mini", "s", "homo", 0, keys)
     assert execution.checkpoints_unlike_stored([spec], [
         {"setting": "s", "checkpoints": {"a.safetensors": "ba7816bf8f01cfea"}},
-        {"setting": "s"}, {"setting": "t", "checkpoints": {"a.safetensors": "other"}}]) == []
+        {"setting": "t", "checkpoints": {"a.safetensors": "other"}}, {"setting": "t"}]) == []
+    assert execution.checkpoints_unlike_stored([spec], [{"setting": "s"}] * 2) == [
+        "setting s: 2 stored records name no checkpoint"]
     assert execution.checkpoints_unlike_stored([spec], [
         {"setting": "s", "checkpoints": {"a.safetensors": "ba7816bf8f01cfea",
                                          "b.safetensors": "other"}}]) == [

@@ -188,15 +188,18 @@ def check_checkpoints(specs: list[RunSpec]) -> None:
 
 def checkpoints_unlike_stored(todo: list[RunSpec], stored: list[dict]) -> list[str]:
     """Per setting of the runs ``todo``: the checkpoint files of this machine whose digest
-    differs from the one that ``stored`` records of that setting name (a claim's arms must be
-    fine-tuned from the same backbone; records that name no checkpoint are not compared)."""
+    differs from the one that ``stored`` records of that setting name, and how many of those
+    records name none (made before records named them: which files they loaded is unknown). A
+    claim's arms must be fine-tuned from the same backbone."""
     from fedtune_app.methods import resolve_config
     from fedtune_app.tools.pretrain import checkpoint_digests
 
     named: dict = {}
+    unnamed: dict = {}
     for r in stored:
         for file, digest in r.get("checkpoints", {}).items():
             named.setdefault((r["setting"], file), set()).add(digest)
+        unnamed[r["setting"]] = unnamed.get(r["setting"], 0) + ("checkpoints" not in r)
     here = {}
     for spec in {(s.setting, s.arm): s for s in todo}.values():
         for file, digest in checkpoint_digests(resolve_config(spec.keys)).items():
@@ -204,7 +207,9 @@ def checkpoints_unlike_stored(todo: list[RunSpec], stored: list[dict]) -> list[s
     return [f"setting {setting}: {file} here is {digest}, its stored records loaded "
             + ", ".join(sorted(named[(setting, file)]))
             for (setting, file), digest in sorted(here.items())
-            if named.get((setting, file), {digest}) != {digest}]
+            if named.get((setting, file), {digest}) != {digest}] + [
+        f"setting {setting}: {unnamed[setting]} stored records name no checkpoint"
+        for setting in sorted({setting for setting, _ in here}) if unnamed.get(setting)]
 
 
 def print_dry_run(specs: list[RunSpec], rerun_older: bool = False, store: Path = STORE) -> None:
@@ -240,10 +245,10 @@ def _run_specs(specs: list[RunSpec], store: Path, results: Path, log, what: str,
     todo = [s for s in specs if state[s.hash] == "todo" or rerun_older and state[s.hash] == "older"]
     check_checkpoints(todo)
     if unlike := checkpoints_unlike_stored(todo, [r for r in done.values() if r]):
-        log("claims: WARNING: this machine's backbone checkpoints are not the files the stored "
-            "records of these settings loaded (pretraining here made other files): "
-            + "; ".join(unlike) + ". A claim compares arms fine-tuned from one backbone: run "
-            "a setting's records again from one set of files.")
+        log("claims: WARNING: this machine's backbone checkpoints may not be the files the "
+            "stored records of these settings loaded (pretraining on another CPU makes other "
+            "files): " + "; ".join(unlike) + ". A claim compares arms fine-tuned from one "
+            "backbone: run a setting's records again from one set of files.")
     older = sum(state[s.hash] == "older" for s in todo)
     log(f"claims: {len(specs)} {what} runs, {len(specs) - len(todo)} already done, "
         f"{len(todo)} to run" + (f" ({older} of them made by older code)" if older else "")
