@@ -12,6 +12,9 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTEST=(env OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -p no:cacheprovider)
+# the machine's busy CPU seconds (all processes; Linux): the summary says how CPU-bound the run was
+busy() { awk '/^cpu /{print ($2+$3+$4+$7+$8+$9)/100; exit}' /proc/stat 2>/dev/null || echo 0; }
+started=$(date +%s) busy_before=$(busy)
 logic_log=$(mktemp)
 trap 'rm -f "$logic_log"' EXIT
 
@@ -32,5 +35,6 @@ echo "== the logic tests, run beside the integration runs above =="
 cat "$logic_log"
 verdict() { if [ "$1" = 0 ]; then echo passed; else echo FAILED; fi; }
 echo "make test: Ray runs $(verdict $ray), other integration runs $(verdict $deployment)," \
-     "logic tests $(verdict $logic_status)"
+     "logic tests $(verdict $logic_status); $(($(date +%s) - started)) s, the machine busy for" \
+     "$(awk -v a="$busy_before" -v b="$(busy)" 'BEGIN{printf "%.0f", b - a}') CPU-s on $(nproc) cores"
 [ $ray = 0 ] && [ $deployment = 0 ] && [ $logic_status = 0 ]
