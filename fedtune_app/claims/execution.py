@@ -23,6 +23,7 @@ from fedtune_app.claims.store import (
     ROOT,
     STORE,
     RunSpec,
+    checkpoints_by_setting,
     estimate_cost,
     find_cached,
     git_commit,
@@ -194,11 +195,9 @@ def checkpoints_unlike_stored(todo: list[RunSpec], stored: list[dict]) -> list[s
     from fedtune_app.methods import resolve_config
     from fedtune_app.tools.pretrain import checkpoint_digests
 
-    named: dict = {}
+    named = checkpoints_by_setting(stored)
     unnamed: dict = {}
     for r in stored:
-        for file, digest in r.get("checkpoints", {}).items():
-            named.setdefault((r["setting"], file), set()).add(digest)
         unnamed[r["setting"]] = unnamed.get(r["setting"], 0) + ("checkpoints" not in r)
     here = {}
     for spec in {(s.setting, s.arm): s for s in todo}.values():
@@ -207,7 +206,7 @@ def checkpoints_unlike_stored(todo: list[RunSpec], stored: list[dict]) -> list[s
     return [f"setting {setting}: {file} here is {digest}, its stored records loaded "
             + ", ".join(sorted(named[(setting, file)]))
             for (setting, file), digest in sorted(here.items())
-            if named.get((setting, file), {digest}) != {digest}] + [
+            if set(named.get((setting, file), {digest: []})) != {digest}] + [
         f"setting {setting}: {unnamed[setting]} stored records name no checkpoint"
         for setting in sorted({setting for setting, _ in here}) if unnamed.get(setting)]
 

@@ -35,6 +35,7 @@ from fedtune_app.claims.store import (
     REPORT,
     STORE,
     TIERS,
+    checkpoints_by_setting,
     code_commit,
     cost_to_do,
     made_by_older_code,
@@ -230,11 +231,7 @@ def checkpoint_section(tier: str, records: dict) -> list[str]:
     named = [r for r in used.values() if "checkpoints" in r]
     lines = [f"{len(named)} of the {len(used)} records of tier `{tier}` name the backbone "
              "checkpoints they loaded (the others were made before records named them)."]
-    digests: dict = {}
-    for r in named:
-        for file, digest in r["checkpoints"].items():
-            digests.setdefault((r["setting"], file), {}).setdefault(digest, []).append(r)
-    mixed = {k: v for k, v in sorted(digests.items()) if len(v) > 1}
+    mixed = {k: v for k, v in sorted(checkpoints_by_setting(named).items()) if len(v) > 1}
     lines += [f"- setting `{setting}`: its records loaded {len(found)} different `{file}`: "
               + "; ".join(f"`{d}` ({len(rs)} records)" for d, rs in found.items())
               for (setting, file), found in mixed.items()]

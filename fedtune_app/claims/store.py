@@ -228,6 +228,16 @@ def hash_or_none(tier, setting_id, arm, seed, lr=None, tuning=False, extra=None)
     return _HASHES[key]
 
 
+def checkpoints_by_setting(records) -> dict[tuple[str, str], dict[str, list[dict]]]:
+    """{(setting, checkpoint file): {digest: the records that loaded it}} of the records that
+    name their checkpoints (``execute`` stores them)."""
+    found: dict = {}
+    for r in records:
+        for file, digest in r.get("checkpoints", {}).items():
+            found.setdefault((r["setting"], file), {}).setdefault(digest, []).append(r)
+    return found
+
+
 def curve_points(record: dict, metric: str = "accuracy") -> list[tuple[int, float]]:
     return [(p["round"], 100 * p[metric]) for p in record["curve"]]
 

@@ -102,9 +102,9 @@ def checkpoint_files(cfg) -> dict[str, Path]:
 def checkpoint_digests(cfg) -> dict[str, str]:
     """{file name: the first 16 hex digits of its sha256} of the checkpoints a run of ``cfg``
     loads: a stand-in pretrained on another machine is not bit for bit the same file."""
-    import hashlib
+    from fedtune_app.model.frozen_weights import sha256_of
 
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return {path.name: sha256_of(path)[:16]
             for path in checkpoint_files(cfg).values() if path.is_file()}
 
 
