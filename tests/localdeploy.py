@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -235,3 +236,36 @@ def _group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def start_worker(tmp_path: Path, name: str = "worker") -> tuple[subprocess.Popen, Path, Path]:
+    """A ``fedtune node-worker`` listening on ``NAME.sock`` with the key ``NAME.key`` (created),
+    logging to ``NAME.log``; returns once it listens."""
+    sock, key = tmp_path / f"{name}.sock", tmp_path / f"{name}.key"
+    log = (tmp_path / f"{name}.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedtune_app.tools.cli", "node-worker",
+                             "--address", str(sock), "--authkey-file", str(key)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
+    while not sock.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError((tmp_path / f"{name}.log").read_text())
+        time.sleep(0.2)
+    return proc, sock, key
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[str, str]]:
+    """The worker's "served" lines. It writes one after the reply has left, so a caller that
+    expects ``at_least`` of them waits (bounded) for the last ones to be written."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        served = re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
+        if len(served) >= at_least or time.monotonic() > deadline:
+            return served
+        time.sleep(0.1)

@@ -3,8 +3,11 @@ from configs (no download): sub-networks equal the Hugging Face model with the u
 removed (left and right padding), global adapter names, HeteroTune over two decoder groups,
 every method on a tiny GLUE-shaped data set, and the errors a user can meet."""
 
+import contextlib
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -350,36 +353,69 @@ def test_a_bf16_checkpoint_config_builds_float32_parameters():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+# Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)
+FLOWER_LOCAL_SUPERLINK_PORTS = (39091, 39093)
+
+
 @pytest.mark.integration
 @pytest.mark.ray  # `make test` runs these one at a time (scripts/test.sh)
-def test_fedtune_run_trains_a_decoder_in_ray_and_prints_the_results_folder(decoder_dirs,
-                                                                           glue_dir, tmp_path):
+def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_results_folder(
+        decoder_dirs, glue_dir, tmp_path):
     """`fedtune run` = `flwr run` of the FAB (built with fab-include) under the Makefile's
-    environment, through Ray's simulation engine, with a tiny Llama: FedRA, 3 clients, 2 rounds
+    environment, through Ray's simulation engine, with a tiny Llama: FedRA, 5 clients, 2 rounds
     tracked with TensorBoard; it prints the results folder and stops the SuperLink afterwards.
-    (One Ray run for the command and the decoder: Ray's start-up is most of its cost.)"""
+    Test-only key ``fault-injection``: client 3 raises every round, client 4 replies NaN; both
+    are rejected and named each round, and the state comes from clients 0-2, which trained in
+    Ray actor processes. (One Ray run for all of it: Ray's start-up is most of its cost.)
+
+    Also: our `flwr run` leaves Flower's fixed local-SuperLink ports alone. They are held by a
+    listener that never answers (where free to hold), which would make a `flwr run` on them fail
+    to start its SuperLink, or reuse whatever SuperLink sits there."""
     root = Path(__file__).resolve().parents[1]
     keys = decoder_run(decoder_dirs, glue_dir, tmp_path, "fedra")
     del keys["results-dir"]  # --results sets it
-    run_config = " ".join(f"{k}={toml_value(v)}"
-                          for k, v in (keys | {"tracker": "tensorboard"}).items())
+    keys |= {"tracker": "tensorboard", "capacities": "3,2,1,1,1",
+             "fault-injection": "raise=3,nan=4"}
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in keys.items())
     home = tmp_path / "flwr-home"
     env = os.environ | {"FLWR_HOME": str(home), "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
-                           str(root), "--results", str(tmp_path), "--run-config", run_config],
-                          cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+    with contextlib.ExitStack() as held:
+        for port in FLOWER_LOCAL_SUPERLINK_PORTS:
+            listener = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # taken already: by something we must not use
+                listener.bind(("127.0.0.1", port))
+                listener.listen()
+        proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
+                               str(root), "--results", str(tmp_path), "--run-config",
+                               run_config], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    log = (home / "last-run.log").read_text()
+    started = re.search(r"Starting local SuperLink on 127\.0\.0\.1:(\d+)", log)
+    assert started and int(started.group(1)) not in FLOWER_LOCAL_SUPERLINK_PORTS, log[-3000:]
+    assert "ETA 0:00" in log
     folder = Path(proc.stdout.strip().splitlines()[-1])
     assert folder.parent == tmp_path
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
-    assert all(m["rejected"] == {} for m in metrics)
     for m in metrics:
+        assert sorted(m["rejected"]) == ["3", "4"], m["rejected"]
+        assert m["rejected"]["3"].startswith("client error")
+        assert "NaN or Inf" in m["rejected"]["4"]
+        assert m["state-updated"] is True
         assert_accuracy_counts_the_validation_set(m, glue_dir)
-    sent = {n.split(".mlp.down_proj.")[0] for n in load_file(str(folder / "state.safetensors"))
-            if ".mlp.down_proj." in n}
+        # the clients trained in Ray actor processes, not in the ServerApp's, each building the
+        # backbone once for the whole run
+        honest = [m["client-metrics"][c] for c in ("0", "1", "2")]
+        assert m["server"]["pid"] not in {c["pid"] for c in honest}
+        assert all(c["backbone-builds"] == 1 for c in honest)
+    rows = json.loads((folder / "allocation.json").read_text())
+    assert [np.array(r["matrix"]).sum(1).tolist() for r in rows] == [[3, 2, 1, 1, 1]] * 2
+    state = load_file(str(folder / "state.safetensors"))
+    assert state and all(np.isfinite(v).all() for v in state.values())
+    sent = {n.split(".mlp.down_proj.")[0] for n in state if ".mlp.down_proj." in n}
     assert sent == {"blocks.0", "blocks.1", "blocks.2"}
+    assert (folder / "checkpoint.safetensors").is_file()
     assert any((folder / "tensorboard").iterdir())
-    assert "ETA 0:00" in (home / "last-run.log").read_text()
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(home) in " ".join(p.info["cmdline"] or [])]

@@ -5,7 +5,9 @@ credentials made by ``scripts/make_credentials.sh`` (the commands docs/deploymen
 One federation checks a run as devices live it: each SuperNode declares its capacity in
 ``--node-config`` (the server must plan from what the nodes report, 3, 1 and 2 blocks, not from
 the smoke preset's ``capacities`` 4,2,1), fetches the frozen checkpoint once (file:// here,
-verified by hash), one device joins late and one is killed in round 2 and restarted. Slow
+verified by hash), one device joins late and one is killed in round 2 and restarted. Device 0
+runs a warm node worker beside its SuperNode (``fedtune node-worker``, docs/deployment.md), device
+1 names a worker that is not there and handles its messages itself, device 2 names none. Slow
 (every message starts a fresh ClientApp process; a dead node is noticed after up to a minute
 of missed heartbeats): marked ``integration``.
 """
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 
 from fedtune_app.methods import resolve_config
-from localdeploy import ROOT, LocalDeployment
+from localdeploy import ROOT, LocalDeployment, served_by, start_worker, stop_worker
 from runs import assert_accuracy_counts_the_test_set
 
 pytestmark = pytest.mark.integration
@@ -47,9 +49,10 @@ def credentials(tmp_path_factory):
             "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(3)]}
 
 
-def nodes_with(declared, data_dirs=None):
+def nodes_with(declared, data_dirs=None, extras=None):
     return [f"partition-id={i} num-partitions={len(declared)} capacity={c}"
             + (f' data-dir="{data_dirs[i]}"' if data_dirs else "")
+            + (f" {extras[i]}" if extras and extras[i] else "")
             for i, c in enumerate(declared)]
 
 
@@ -133,15 +136,22 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
     same node config) once the server has logged its failure. Round 2 reports that failure as
     node 1's own (Flower's NODE_UNAVAILABLE, sent by the SuperLink), the late and the restarted
     node train in later rounds with their own partitions, and metrics.json says per round who
-    served what."""
+    served what. Node 0's worker answers its start-up query and every round's train message in
+    one process, building the backbone once; node 1, whose worker is missing, answers each
+    message in a fresh ClientApp process."""
     # rounds enough that devices starting slowly (a minute or more on a loaded machine) train
     declared, rounds = [3, 1, 2], 6
     checkpoint, sha = smoke_checkpoint(tmp_path)
     data_dirs = [tmp_path / f"device-{i}" for i in range(len(declared))]
-    dep = LocalDeployment(tmp_path, nodes_with(declared, data_dirs), tls=credentials["tls"],
-                          auth_keys=credentials["keys"], started=[0, 1])
+    worker, sock, key = start_worker(tmp_path, "worker-0")
+    workers = [f'worker-address="{tmp_path / f"worker-{i}.sock"}" worker-authkey-file="{key}"'
+               for i in (0, 1)] + [""]  # there is no worker-1: node 1 falls back
+    dep = LocalDeployment(tmp_path, nodes_with(declared, data_dirs, workers),
+                          tls=credentials["tls"], auth_keys=credentials["keys"], started=[0, 1])
     results = tmp_path / "results"
-    with dep:
+    with contextlib.ExitStack() as stack:
+        stack.callback(stop_worker, worker)
+        stack.enter_context(dep)
         run, out = dep.run_in_background(
             f'preset="smoke" results-dir="{results}" min-nodes=2 '
             f'num-server-rounds={rounds} round-timeout=600.0 '
@@ -192,6 +202,7 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
         assert {p: c["num-examples"] for p, c in m["client-metrics"].items()} == \
             {p: clients[int(p)]["num_examples"] for p in m["client-metrics"]}
     assert len({c["num_examples"] for c in clients}) == 3  # so they tell partitions apart
+    check_workers(metrics, worker.pid, tmp_path)
     # the checkpoint was fetched once per device; the restarted one found it in its data-dir
     # (0 bytes when the server noticed the restart and asked again, else its first answer)
     size = checkpoint.stat().st_size
@@ -211,6 +222,23 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
           f"after that; round {again[0]} sent it work {trained - back:.0f} s later "
           f"({trained - killed:.0f} s after the kill, {again[0] - 2} round(s) later); the late "
           f"node trained first in round {late[0]}")
+
+
+def check_workers(metrics: list[dict], worker_pid: int, logs: Path) -> None:
+    """Node 0's query and every round's training were served by its one worker process, which
+    built the backbone once; node 1 (no worker there) handled each message in a process of its
+    own; node 2 (none configured) too."""
+    assert served_by(logs / "worker-0.log", 1 + len(metrics)) == \
+        [(str(worker_pid), "query")] + [(str(worker_pid), "train")] * len(metrics)
+    assert all(m["client-metrics"]["0"]["pid"] == worker_pid for m in metrics)
+    assert all(m["client-metrics"]["0"]["backbone-builds"] == 1 for m in metrics)
+    for partition in ("1", "2"):
+        pids = [m["client-metrics"][partition]["pid"] for m in metrics
+                if partition in m["client-metrics"]]
+        assert worker_pid not in pids and len(set(pids)) == len(pids), (partition, pids)
+    node_1 = (logs / "supernode-1.log").read_text()
+    assert "not reachable" in node_1 and "handling the train message in this process" in node_1
+    assert "no node worker configured" in (logs / "supernode-2.log").read_text()
 
 
 def check_rounds(metrics: list[dict], declared: list[int]) -> None:

@@ -2,46 +2,18 @@
 authenticated channel, and the ClientApp handles a message in process when no worker is there.
 
 A worker's replies are bit-identical to the same messages handled in process by a fresh model.
-The deployment test runs a real SuperLink and two SuperNodes over TLS with SuperNode
-authentication (credentials of ``scripts/make_credentials.sh``): node 0 has a worker, node 1 is
-configured with a worker that does not exist (the fallback)."""
+Through a real SuperLink: tests/test_deployment.py, whose node 0 is served by a worker and whose
+node 1 is configured with a worker that does not exist (the fallback)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from fedtune_app.apps.node_worker import delegate, read_authkey
 from fedtune_app.config import ConfigError, RunConfig
-from localdeploy import ROOT, LocalDeployment
-
-
-def start_worker(tmp_path: Path, name: str = "worker") -> tuple[subprocess.Popen, Path, Path]:
-    sock, key = tmp_path / f"{name}.sock", tmp_path / f"{name}.key"
-    log = (tmp_path / f"{name}.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedtune_app.tools.cli", "node-worker",
-                             "--address", str(sock), "--authkey-file", str(key)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 120
-    while not sock.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError((tmp_path / f"{name}.log").read_text())
-        time.sleep(0.2)
-    return proc, sock, key
-
-
-def stop_worker(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    proc.wait(timeout=30)
+from localdeploy import served_by, start_worker, stop_worker
 
 
 def test_the_authkey_file_must_be_private(tmp_path):
@@ -88,17 +60,6 @@ def worker(tmp_path_factory):
     proc, sock, key = start_worker(folder)
     yield proc, sock, key, folder / "worker.log"
     stop_worker(proc)
-
-
-def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[str, str]]:
-    """The worker's "served" lines. It writes one after the reply has left, so a caller that
-    expects ``at_least`` of them waits (bounded) for the last ones to be written."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        served = re.findall(r"pid=(\d+) served (\w+) message", log.read_text())
-        if len(served) >= at_least or time.monotonic() > deadline:
-            return served
-        time.sleep(0.1)
 
 
 def test_the_worker_answers_as_the_clientapp_would_and_refuses_a_wrong_key(tmp_path, caplog,
@@ -184,48 +145,3 @@ def test_warm_worker_replies_are_bit_identical_to_fresh_in_process_ones(tmp_path
     assert warm[1]["arrays"].keys() != warm[2]["arrays"].keys()  # two different plans trained
     pid = str(proc.pid)
     assert served_by(log, before + 3)[before:] == [(pid, "query"), (pid, "train"), (pid, "train")]
-
-
-@pytest.fixture(scope="module")
-def credentials(tmp_path_factory):
-    out = tmp_path_factory.mktemp("credentials")
-    subprocess.run([str(ROOT / "scripts" / "make_credentials.sh"), str(out), "2"], check=True,
-                   capture_output=True, timeout=120)
-    return {"tls": {"ca": out / "ca.crt", "cert": out / "server.pem", "key": out / "server.key"},
-            "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(2)]}
-
-
-def finished_run(dep: LocalDeployment, results: Path) -> Path:
-    done = dep.run(f'preset="smoke" results-dir="{results}" min-nodes=2 round-timeout=600.0',
-                   timeout=600)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out + dep.logs()
-    return Path(re.findall(r"RESULTS (\S+)", out)[-1])
-
-
-@pytest.mark.integration
-def test_a_deployed_node_is_served_by_its_warm_worker_the_other_falls_back(tmp_path,
-                                                                          credentials):
-    worker, sock, key = start_worker(tmp_path, "worker-0")
-    nodes = [f'partition-id={i} num-partitions=2 capacity={c} data-dir="{tmp_path}/device-{i}" '
-             f'worker-address="{tmp_path}/worker-{i}.sock" worker-authkey-file="{key}"'
-             for i, c in enumerate([3, 1])]  # there is no worker-1: node 1 falls back
-    dep = LocalDeployment(tmp_path, nodes, tls=credentials["tls"], auth_keys=credentials["keys"])
-    try:
-        with dep:
-            folder = finished_run(dep, tmp_path / "results")
-    finally:
-        stop_worker(worker)
-    # the start-up query and both rounds' train messages, all by the one worker process
-    assert served_by(tmp_path / "worker-0.log") == [
-        (str(worker.pid), "query"), (str(worker.pid), "train"), (str(worker.pid), "train")]
-    rounds = json.loads((folder / "metrics.json").read_text())
-    assert [m["round"] for m in rounds] == [1, 2]
-    assert [m["client-metrics"]["0"]["pid"] for m in rounds] == [worker.pid] * 2
-    assert [m["client-metrics"]["0"]["backbone-builds"] for m in rounds] == [1, 1]
-    pids_1 = [m["client-metrics"]["1"]["pid"] for m in rounds]
-    assert worker.pid not in pids_1 and pids_1[0] != pids_1[1]  # a fresh process per message
-    node_1 = (tmp_path / "supernode-1.log").read_text()
-    assert "not reachable" in node_1 and "handling the train message in this process" in node_1
-    config = json.loads((folder / "config.json").read_text())
-    assert [c["capacity"] for c in config["clients"]] == [3, 1]
