@@ -2,7 +2,10 @@
 SuperNodes on loopback, each node declaring its own rank in ``--node-config`` (``rank=4``,
 ``rank=2``, ``rank=1``). The run config names no ranks, so without the declarations every client
 would hold 'lora-r' = 8 (the smoke preset's): what the server sends, receives and merges shows
-it planned from the ranks the nodes reported. FLoRA runs one round. A node declaring more than
+it planned from the ranks the nodes reported. FLoRA runs one round. The three devices' SuperNodes
+share one warm node worker on this machine, as a simulation actor serves several virtual clients
+(every message reaches it with its own node's context; a fresh ClientApp process per message is
+tested in test_deployment.py). A node declaring more than
 'lora-r' is refused at the start-up query, in process (the node config reaches the same ClientApp
 handler).
 
@@ -23,7 +26,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from fedtune_app.methods import resolve_config
-from localdeploy import LocalDeployment
+from localdeploy import LocalDeployment, served_by, start_worker, stop_worker
 from runs import assert_accuracy_counts_the_test_set
 
 RANKS, CAPACITY, LORA_R = (4, 2, 1), 4, 8  # declared by the nodes; every node holds all blocks
@@ -40,16 +43,24 @@ FLORA_DOWN = UP + 3 * 4 * 4352  # 58590: and each block's merged delta
 def test_nodes_declaring_their_rank_train_flora_through_a_superlink(tmp_path):
     # one method through real processes (HetLoRA's zero-padding of the same ranks is checked
     # in-process in test_rank_methods.py): a second run here costs the suite 45 s
+    worker, sock, key = start_worker(tmp_path)
     nodes = [f'partition-id={i} num-partitions={len(RANKS)} capacity={CAPACITY} rank={r} '
-             f'data-dir="{tmp_path / f"device-{i}"}"' for i, r in enumerate(RANKS)]
+             f'data-dir="{tmp_path / f"device-{i}"}" worker-address="{sock}" '
+             f'worker-authkey-file="{key}"' for i, r in enumerate(RANKS)]
     dep = LocalDeployment(tmp_path, nodes)
-    with dep:
-        done = dep.run(f'preset="smoke" method="flora" num-server-rounds=1 '
-                       f'results-dir="{tmp_path / "flora"}" round-timeout=600.0', timeout=600)
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, out + dep.logs()
-        folder = Path(re.findall(r"RESULTS (\S+)", out)[-1])
+    try:
+        with dep:
+            done = dep.run(f'preset="smoke" method="flora" num-server-rounds=1 '
+                           f'results-dir="{tmp_path / "flora"}" round-timeout=600.0', timeout=600)
+            out = done.stdout + done.stderr
+            assert done.returncode == 0, out + dep.logs()
+            folder = Path(re.findall(r"RESULTS (\S+)", out)[-1])
+    finally:
+        stop_worker(worker)
     assert all(p.poll() is not None for p in dep.procs)
+    served = served_by(tmp_path / "worker.log", 6)
+    assert sorted(served) == sorted([(str(worker.pid), "query")] * 3 +
+                                    [(str(worker.pid), "train")] * 3), served
     cfg = resolve_config({"preset": "smoke"})
     assert (cfg.adapter.lora_r, cfg.federation.ranks) == (LORA_R, "")  # none in the run config
     tensors = 3 * (4 * 4 + 2)  # per client: A, B of 2 Linears in each of 4 blocks, head's 2
@@ -57,6 +68,7 @@ def test_nodes_declaring_their_rank_train_flora_through_a_superlink(tmp_path):
     assert [(c["partition_id"], c["rank"]) for c in clients] == list(enumerate(RANKS))
     [m] = json.loads((folder / "metrics.json").read_text())
     assert m["rejected"] == {} and m["clients"] == [0, 1, 2]
+    assert {c["pid"] for c in m["client-metrics"].values()} == {worker.pid}
     # each client was sent, trained and returned the first r_i components only
     assert m["trainable-params"] == TRAINABLE
     # float32 payload plus a small header per tensor
