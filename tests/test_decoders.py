@@ -385,10 +385,12 @@ def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_
             with contextlib.suppress(OSError):  # taken already: by something we must not use
                 listener.bind(("127.0.0.1", port))
                 listener.listen()
+        # one Ray actor, whatever the cores: each actor costs the imports of a ClientApp
+        federation = f"num-supernodes=5 client-resources-num-cpus={os.cpu_count()}"
         proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
-                               str(root), "--results", str(tmp_path), "--run-config",
-                               run_config], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=600)
+                               str(root), "--results", str(tmp_path), "--federation-config",
+                               federation, "--run-config", run_config], cwd=tmp_path, env=env,
+                              text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     log = (home / "last-run.log").read_text()
     started = re.search(r"Starting local SuperLink on 127\.0\.0\.1:(\d+)", log)
@@ -407,6 +409,7 @@ def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_
         # the clients trained in Ray actor processes, not in the ServerApp's, each building the
         # backbone once for the whole run
         honest = [m["client-metrics"][c] for c in ("0", "1", "2")]
+        assert len({c["pid"] for c in honest}) == 1  # the one actor
         assert m["server"]["pid"] not in {c["pid"] for c in honest}
         assert all(c["backbone-builds"] == 1 for c in honest)
     rows = json.loads((folder / "allocation.json").read_text())

@@ -246,11 +246,15 @@ def interrupted_report(name: str, stopped: int, folder: str | None, results: Pat
                      "over")
         return "\n".join(lines)
     keys = f'{args.run_config} resume="{folder}"'.strip()
+    federation = (f" --federation-config {shlex.quote(args.federation_config)}"
+                  if args.federation_config else "")
     lines += [f"last checkpoint: {checkpoint} (after round {round_})",
-              f"continue with: fedtune run --results {shlex.quote(str(results))} "
+              f"continue with: fedtune run --results {shlex.quote(str(results))}{federation} "
               f"--run-config {shlex.quote(keys)}"]
     if os.environ.get("MAKELEVEL"):  # started by `make run`
-        lines.append(f"  (or: make run RESULTS={shlex.quote(str(results))} "
+        federation = (f" FEDERATION={shlex.quote(args.federation_config)}"
+                      if args.federation_config else "")
+        lines.append(f"  (or: make run RESULTS={shlex.quote(str(results))}{federation} "
                      f"CONFIG={shlex.quote(keys)})")
     return "\n".join(lines)
 
