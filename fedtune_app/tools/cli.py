@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,7 @@ def run(args) -> int:
     who sends one wants the run stopped. A simulation that failed to start (Ray on a busy
     machine: ``tools/startup.py``) is started once more, saying why; nothing was computed."""
     from fedtune_app.data.scenarios import num_clients
+    from fedtune_app.tools.app_stage import staged_app
     from fedtune_app.tools.config_info import resolved
     from fedtune_app.tools.local_superlink import stop
     from fedtune_app.tools.pretrain import missing_checkpoints
@@ -140,7 +142,10 @@ def run(args) -> int:
         raise ConfigError("the run's backbone checkpoints are missing: " + "; ".join(missing))
     federation = args.federation_config or \
         f"num-supernodes={num_clients(cfg)} client-resources-num-cpus=1"
-    command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run", str(app), "--stream",
+    # the files the FAB can hold, copied: `flwr run` would list the whole checkout, .venv too
+    stage = tempfile.TemporaryDirectory(prefix="fedtune-app-")
+    command = [shutil.which("flwr", path=env["PATH"]) or "flwr", "run",
+               str(staged_app(app, Path(stage.name))), "--stream",
                "--federation-config", federation,
                "--run-config", run_config]
     log_path = home / "last-run.log"
@@ -177,6 +182,7 @@ def run(args) -> int:
     finally:
         streaming[0] = False
         stopped = stop(str(home))  # `flwr run` leaves its local SuperLink running (detached)
+        stage.cleanup()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if caught and not seen.folder:  # (a signal after the last line: the run is complete)
