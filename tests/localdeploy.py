@@ -190,14 +190,6 @@ class LocalDeployment:
         self.procs.append(proc)
         return proc, out
 
-    def online_nodes(self) -> set[int]:
-        """Ids of the SuperNodes the SuperLink lists as online."""
-        done = self.flwr("supernode", "list", self.name, "--format", "json")
-        if done.returncode:
-            raise RuntimeError(f"flwr supernode list failed:\n{done.stdout}{done.stderr}")
-        return {int(n["node-id"]) for n in json.loads(done.stdout)["nodes"]
-                if n.get("status") == "online"}
-
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                          for p in sorted(self.workdir.glob("*.log")))

@@ -120,12 +120,12 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
     device is started in round 1 and joins when it is up; partition 1's SuperNode is killed as
     soon as round 1 is recorded (before its round-2 reply can exist: that needs a ClientApp
     process started and trained) and started again (same key, same node config) once the server
-    has logged its failure. Round 2 reports that failure as
-    node 1's own (Flower's NODE_UNAVAILABLE, sent by the SuperLink), the late and the restarted
-    node train in later rounds with their own partitions, and metrics.json says per round who
-    served what. Node 0's worker answers its start-up query and every round's train message in
-    one process, building the backbone once, and node 2's its own; node 1, whose worker is
-    missing, answers each message in a fresh ClientApp process."""
+    has logged its failure. Round 2 reports that failure as node 1's own (Flower's
+    NODE_UNAVAILABLE, sent by the SuperLink), the late and the restarted node train in later
+    rounds with their own partitions, and metrics.json says per round who served what. Node 0's
+    worker answers its start-up query and every round's train message in one process, building
+    the backbone once, and node 2's its own; node 1, whose worker is missing, answers each
+    message in a fresh ClientApp process."""
     # rounds enough that devices starting slowly (a minute or more on a loaded machine) train
     # (not 5: pyproject's own value, which Flower cannot tell from no value beside the preset)
     declared, rounds = [3, 1, 2], 6
