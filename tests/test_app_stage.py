@@ -71,7 +71,8 @@ def test_the_staged_copy_builds_the_same_fab_and_skips_ignored_folders(app, tmp_
     assert fab(stage, tmp_path / "from-stage") == fab(app, tmp_path / "from-app")
 
 
-def test_without_fab_include_or_with_a_negated_ignore_the_app_itself_is_used(app, tmp_path):
+def test_without_fab_include_a_negated_ignore_or_a_pyproject_the_app_itself_is_used(app,
+                                                                                    tmp_path):
     with (app / ".gitignore").open("a") as ignore:
         ignore.write("!results/keep.json\n")  # re-included: only Flower's own walk is sure
     assert app_stage.staged_app(app, tmp_path) == app
@@ -81,3 +82,7 @@ def test_without_fab_include_or_with_a_negated_ignore_the_app_itself_is_used(app
     (app / "pyproject.toml").write_text(text[:start] + text[text.index("]", start) + 2:])
     assert app_stage.fab_candidates(app) is None
     assert app_stage.staged_app(app, tmp_path) == app
+    (app / "pyproject.toml").write_text("[tool.flwr.app\n")  # not TOML: flwr run says so
+    assert app_stage.fab_candidates(app) is None
+    (app / "pyproject.toml").unlink()
+    assert app_stage.fab_candidates(app) is None

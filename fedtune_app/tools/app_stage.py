@@ -26,8 +26,12 @@ def fab_candidates(app: Path) -> list[str] | None:
     """The app's files (POSIX paths relative to ``app``) that can go into its FAB: those that
     match ``fab-include``, outside folders .gitignore excludes. None when pyproject names no
     ``fab-include`` or .gitignore re-includes a path ("!"): then only Flower's own walk over
-    everything is sure to find every file."""
-    config = tomllib.loads((app / "pyproject.toml").read_text())
+    everything is sure to find every file; None too without a readable pyproject.toml, which
+    `flwr run` then reports in its own words."""
+    try:
+        config = tomllib.loads((app / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
     include = config.get("tool", {}).get("flwr", {}).get("app", {}).get("fab-include")
     gitignore = app / ".gitignore"
     ignored = gitignore.read_text().splitlines() if gitignore.is_file() else []
