@@ -119,3 +119,35 @@ def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_sou
     assert len(pretrain.missing_checkpoints(resolve_config(single))) == 1
     assert pretrain.missing_checkpoints(resolve_config(single | {
         "checkpoint-url": "https://example.org/vit12-t.safetensors"})) == []
+
+
+def test_an_interrupted_run_says_how_to_continue_with_the_same_federation(tmp_path, monkeypatch):
+    """The continue command repeats the run config with resume= and the --federation-config the
+    run was given (and `make run`'s FEDERATION=), so the run goes on with the same nodes."""
+    import argparse
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from fedtune_app.tools.cli import interrupted_report
+
+    folder, results = tmp_path / "run", tmp_path / "results"
+    folder.mkdir()
+    save_file({"w": np.zeros(1, np.float32)}, str(folder / "checkpoint.safetensors"),
+              metadata={"fedtune-checkpoint": json.dumps({"round": 7})})
+    monkeypatch.setenv("MAKELEVEL", "1")
+    federation = "num-supernodes=3 client-resources-num-cpus=2"
+    args = argparse.Namespace(run_config='preset="smoke"', federation_config=federation)
+    keys = f"'preset=\"smoke\" resume=\"{folder}\"'"
+    said = interrupted_report("SIGINT", 9, str(folder), results, args).splitlines()
+    assert said[1:] == [
+        f"results so far: {folder}",
+        f"last checkpoint: {folder / 'checkpoint.safetensors'} (after round 7)",
+        f"continue with: fedtune run --results {results} --federation-config '{federation}' "
+        f"--run-config {keys}",
+        f"  (or: make run RESULTS={results} FEDERATION='{federation}' CONFIG={keys})"]
+    args.federation_config = ""  # the default federation: nothing to repeat
+    assert interrupted_report("SIGINT", 9, str(folder), results, args).splitlines()[3:] == [
+        f"continue with: fedtune run --results {results} --run-config {keys}",
+        f"  (or: make run RESULTS={results} CONFIG={keys})"]
