@@ -3,6 +3,7 @@ FAB Flower builds from that copy is the one it builds from the app itself, byte 
 the folders .gitignore excludes (the virtual environment) are never walked."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,15 +72,19 @@ def test_the_staged_copy_builds_the_same_fab_and_skips_ignored_folders(app, tmp_
     assert fab(stage, tmp_path / "from-stage") == fab(app, tmp_path / "from-app")
 
 
-def test_without_fab_include_a_negated_ignore_or_a_pyproject_the_app_itself_is_used(app,
-                                                                                    tmp_path):
+def test_where_only_flowers_walk_chooses_as_flower_does_the_app_itself_is_used(app,
+                                                                                  tmp_path):
     with (app / ".gitignore").open("a") as ignore:
         ignore.write("!results/keep.json\n")  # re-included: only Flower's own walk is sure
     assert app_stage.staged_app(app, tmp_path) == app
     (app / ".gitignore").write_text((ROOT / ".gitignore").read_text())
     text = (app / "pyproject.toml").read_text()
-    start = text.index("fab-include = [")
-    (app / "pyproject.toml").write_text(text[:start] + text[text.index("]", start) + 2:])
+    excluding = text.replace("fab-include = [", 'fab-exclude = ["/x"]\nfab-include = [', 1)
+    (app / "pyproject.toml").write_text(excluding)
+    assert app_stage.fab_candidates(app) is None  # Flower checks excludes against every file
+    without = re.sub(r"\nfab-include = \[.*?\]\n", "\n", text, count=1, flags=re.S)
+    assert "fab-include" not in without
+    (app / "pyproject.toml").write_text(without)
     assert app_stage.fab_candidates(app) is None
     assert app_stage.staged_app(app, tmp_path) == app
     (app / "pyproject.toml").write_text("[tool.flwr.app\n")  # not TOML: flwr run says so

@@ -122,8 +122,8 @@ def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_sou
 
 
 def test_an_interrupted_run_says_how_to_continue_with_the_same_federation(tmp_path, monkeypatch):
-    """The continue command repeats the run config with resume= and the --federation-config the
-    run was given (and `make run`'s FEDERATION=), so the run goes on with the same nodes."""
+    """The continue command repeats the run config with resume=, the --federation-config the run
+    was given (and `make run`'s FEDERATION=) and its --app, so the run goes on as it was."""
     import argparse
     import json
 
@@ -138,7 +138,7 @@ def test_an_interrupted_run_says_how_to_continue_with_the_same_federation(tmp_pa
               metadata={"fedtune-checkpoint": json.dumps({"round": 7})})
     monkeypatch.setenv("MAKELEVEL", "1")
     federation = "num-supernodes=3 client-resources-num-cpus=2"
-    args = argparse.Namespace(run_config='preset="smoke"', federation_config=federation)
+    args = argparse.Namespace(app=".", run_config='preset="smoke"', federation_config=federation)
     keys = f"'preset=\"smoke\" resume=\"{folder}\"'"
     said = interrupted_report("SIGINT", 9, str(folder), results, args).splitlines()
     assert said[1:] == [
@@ -147,7 +147,7 @@ def test_an_interrupted_run_says_how_to_continue_with_the_same_federation(tmp_pa
         f"continue with: fedtune run --results {results} --federation-config '{federation}' "
         f"--run-config {keys}",
         f"  (or: make run RESULTS={results} FEDERATION='{federation}' CONFIG={keys})"]
-    args.federation_config = ""  # the default federation: nothing to repeat
+    args.federation_config, args.app = "", "/apps/mine"  # the default federation, another app
     assert interrupted_report("SIGINT", 9, str(folder), results, args).splitlines()[3:] == [
-        f"continue with: fedtune run --results {results} --run-config {keys}",
+        f"continue with: fedtune run --app /apps/mine --results {results} --run-config {keys}",
         f"  (or: make run RESULTS={results} CONFIG={keys})"]

@@ -385,8 +385,8 @@ def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_
             with contextlib.suppress(OSError):  # taken already: by something we must not use
                 listener.bind(("127.0.0.1", port))
                 listener.listen()
-        # one Ray actor, whatever the cores: each actor costs the imports of a ClientApp
-        federation = f"num-supernodes=5 client-resources-num-cpus={os.cpu_count()}"
+        # one Ray actor (Ray given 1 CPU, each actor 1): each actor costs a ClientApp's imports
+        federation = "num-supernodes=5 client-resources-num-cpus=1 init-args-num-cpus=1"
         proc = subprocess.run([sys.executable, "-m", "fedtune_app.tools.cli", "run", "--app",
                                str(root), "--results", str(tmp_path), "--federation-config",
                                federation, "--run-config", run_config], cwd=tmp_path, env=env,

@@ -8,9 +8,8 @@ the smoke preset's ``capacities`` 4,2,1), fetches the frozen checkpoint once (fi
 verified by hash), one device joins late and one is killed in round 2 and restarted. Devices 0
 and 2 run a warm node worker beside their SuperNode (``fedtune node-worker``,
 docs/deployment.md); device 1 names a worker that is not there and handles each message in a
-fresh ClientApp process, which is also how a device without a worker runs. Slow
-(every message starts a fresh ClientApp process; a dead node is noticed after up to a minute
-of missed heartbeats): marked ``integration``.
+fresh ClientApp process, which is also how a device without a worker runs. Slow (a dead node
+is noticed after up to a minute of missed heartbeats): marked ``integration``.
 """
 
 from __future__ import annotations
@@ -50,10 +49,12 @@ def credentials(tmp_path_factory):
             "keys": [(out / f"supernode-{i}", out / f"supernode-{i}.pub") for i in range(4)]}
 
 
-def nodes_with(declared, data_dirs=None, extras=None):
+def nodes_with(declared, data_dirs=None, more_keys=None):
+    """Each device's --node-config: its partition and capacity, and its data-dir and other
+    keys where given."""
     return [f"partition-id={i} num-partitions={len(declared)} capacity={c}"
             + (f' data-dir="{data_dirs[i]}"' if data_dirs else "")
-            + (f" {extras[i]}" if extras and extras[i] else "")
+            + (f" {more_keys[i]}" if more_keys else "")
             for i, c in enumerate(declared)]
 
 
@@ -126,24 +127,28 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
     worker answers its start-up query and every round's train message in one process, building
     the backbone once, and node 2's its own; node 1, whose worker is missing, answers each
     message in a fresh ClientApp process."""
-    # rounds enough that devices starting slowly (a minute or more on a loaded machine) train
-    # (not 5: pyproject's own value, which Flower cannot tell from no value beside the preset)
+    # rounds enough that devices starting slowly (a minute or more on a loaded machine) train;
+    # not 5: a key at pyproject's own value reaches the app as if unset, and the smoke preset's
+    # 2 rounds would run
     declared, rounds = [3, 1, 2], 6
     checkpoint, sha = smoke_checkpoint(tmp_path)
     data_dirs = [tmp_path / f"device-{i}" for i in range(len(declared))]
-    workers = {i: start_worker(tmp_path, f"worker-{i}") for i in (0, 2)}  # no worker-1
-    config = [f'worker-address="{tmp_path / f"worker-{i}.sock"}" '
-              f'worker-authkey-file="{tmp_path / f"worker-{i if i in workers else 0}.key"}"'
-              for i in range(len(declared))]
-    # a fourth device whose key was never registered: the SuperLink refuses it
-    nodes = nodes_with(declared, data_dirs, config) + ["partition-id=0 num-partitions=3"]
-    dep = LocalDeployment(tmp_path, nodes, tls=credentials["tls"], auth_keys=credentials["keys"],
-                          registered=[0, 1, 2], started=[0, 1])
     results = tmp_path / "results"
     with contextlib.ExitStack() as stack:
-        for proc, _, _ in workers.values():
-            stack.callback(stop_worker, proc)
-        stack.enter_context(dep)
+        workers = {}
+        for i in (0, 2):  # there is no worker-1
+            workers[i] = start_worker(tmp_path, f"worker-{i}")
+            stack.callback(stop_worker, workers[i][0])
+        # node 1 names worker-0's key, so that only its missing socket makes it fall back
+        keys = {i: tmp_path / f"worker-{i if i in workers else 0}.key" for i in range(3)}
+        with_workers = [f'worker-address="{tmp_path / f"worker-{i}.sock"}" '
+                        f'worker-authkey-file="{keys[i]}"' for i in range(len(declared))]
+        # a fourth device whose key was never registered (its node config is never read: the
+        # SuperLink refuses it first)
+        nodes = nodes_with(declared, data_dirs, with_workers) + ["partition-id=0 num-partitions=3"]
+        dep = stack.enter_context(LocalDeployment(
+            tmp_path, nodes, tls=credentials["tls"], auth_keys=credentials["keys"],
+            registered=[0, 1, 2], started=[0, 1]))
         run, out = dep.run_in_background(
             f'preset="smoke" results-dir="{results}" min-nodes=2 '
             f'num-server-rounds={rounds} round-timeout=600.0 '
@@ -172,9 +177,11 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
         assert dep.nodes[3].wait(timeout=120) != 0, dep.logs()  # refused, it gave up
         assert "No SuperNode found with the given public key" in \
             (tmp_path / "superlink.log").read_text()
+        folder = Path(re.findall(r"RESULTS (\S+)", text)[-1])
+        metrics = json.loads((folder / "metrics.json").read_text())
+        # while the workers run: each logs a message it served after its reply has left
+        check_workers(metrics, {i: proc.pid for i, (proc, _, _) in workers.items()}, tmp_path)
     assert all(p.poll() is not None for p in dep.procs)  # exactly ours, and all stopped
-    folder = Path(re.findall(r"RESULTS (\S+)", text)[-1])
-    metrics = json.loads((folder / "metrics.json").read_text())
     ids = dep.node_ids  # key i -> the node id the SuperLink registered for it
     assert [m["round"] for m in metrics] == list(range(1, rounds + 1))
     served = [{int(p): n for p, n in m["nodes"].items()} for m in metrics]
@@ -198,7 +205,6 @@ def test_nodes_that_die_restart_or_join_late_train_in_the_same_run(tmp_path, cre
         assert {p: c["num-examples"] for p, c in m["client-metrics"].items()} == \
             {p: clients[int(p)]["num_examples"] for p in m["client-metrics"]}
     assert len({c["num_examples"] for c in clients}) == 3  # so they tell partitions apart
-    check_workers(metrics, {i: proc.pid for i, (proc, _, _) in workers.items()}, tmp_path)
     # the checkpoint was fetched once per device; the restarted one found it in its data-dir
     # (0 bytes when the server noticed the restart and asked again, else its first answer)
     size = checkpoint.stat().st_size
@@ -228,8 +234,11 @@ def check_workers(metrics: list[dict], worker_pids: dict[int, int], logs: Path) 
         trained = [m["client-metrics"][str(node)] for m in metrics
                    if str(node) in m["client-metrics"]]
         assert trained and (node != 0 or len(trained) == len(metrics)), (node, len(trained))
-        assert served_by(logs / f"worker-{node}.log", 1 + len(trained)) == \
-            [(str(pid), "query")] + [(str(pid), "train")] * len(trained)
+        served = served_by(logs / f"worker-{node}.log", 1 + len(trained))
+        kinds = [kind for _, kind in served]
+        assert {p for p, _ in served} == {str(pid)}, served
+        # a node the SuperLink saw reconnect is asked its partition again: one query or more
+        assert kinds[0] == "query" and kinds.count("train") == len(trained), served
         assert [(c["pid"], c["backbone-builds"]) for c in trained] == [(pid, 1)] * len(trained)
     cold = [m["client-metrics"]["1"]["pid"] for m in metrics if "1" in m["client-metrics"]]
     assert not set(cold) & set(worker_pids.values()) and len(set(cold)) == len(cold), cold

@@ -61,8 +61,9 @@ def test_sigint_stops_the_run_and_everything_it_started_and_the_run_resumes(tmp_
     env = {**os.environ, "FLWR_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     # the batched client engine (one Ray run for both: Ray's start-up is most of its cost)
     keys = f'preset="smoke" num-server-rounds={ROUNDS} client-engine="batched"'
-    # the batched engine sends a round's cohort to one node: one Ray actor is all it needs
-    federation = f"num-supernodes=3 client-resources-num-cpus={os.cpu_count()}"
+    # the smoke preset's 3 clients; the batched engine sends a round's cohort to one node, so
+    # one Ray actor is all it needs (Ray given 1 CPU, each actor 1: whatever the machine)
+    federation = "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=1"
     with out.open("w") as sink:
         # started as a script's background job is: SIGINT ignored, which `fedtune run` (and
         # `flwr run` under it) inherit; a user who sends it still means stop
@@ -98,8 +99,8 @@ def test_sigint_stops_the_run_and_everything_it_started_and_the_run_resumes(tmp_
     assert 3 <= done < ROUNDS
     assert f"last checkpoint: {checkpoint} (after round {done})" in said
     command = shlex.split(re.search(r"continue with: (.+)", said).group(1))
-    assert command[:6] == ["fedtune", "run", "--results", str(results), "--federation-config",
-                           federation]
+    assert command[:8] == ["fedtune", "run", "--app", str(ROOT), "--results", str(results),
+                           "--federation-config", federation]
     resumed = parse_config_args([command[command.index("--run-config") + 1]])
     assert resumed["resume"] == str(folder)
     # the same keys continue the run (in process here: the real SuperLink's part is above),

@@ -44,23 +44,24 @@ def test_nodes_declaring_their_rank_train_flora_through_a_superlink(tmp_path):
     # one method through real processes (HetLoRA's zero-padding of the same ranks is checked
     # in-process in test_rank_methods.py): a second run here costs the suite 45 s
     worker, sock, key = start_worker(tmp_path)
-    nodes = [f'partition-id={i} num-partitions={len(RANKS)} capacity={CAPACITY} rank={r} '
-             f'data-dir="{tmp_path / f"device-{i}"}" worker-address="{sock}" '
-             f'worker-authkey-file="{key}"' for i, r in enumerate(RANKS)]
-    dep = LocalDeployment(tmp_path, nodes)
     try:
-        with dep:
+        nodes = [f'partition-id={i} num-partitions={len(RANKS)} capacity={CAPACITY} rank={r} '
+                 f'data-dir="{tmp_path / f"device-{i}"}" worker-address="{sock}" '
+                 f'worker-authkey-file="{key}"' for i, r in enumerate(RANKS)]
+        with LocalDeployment(tmp_path, nodes) as dep:
             done = dep.run(f'preset="smoke" method="flora" num-server-rounds=1 '
                            f'results-dir="{tmp_path / "flora"}" round-timeout=600.0', timeout=600)
             out = done.stdout + done.stderr
             assert done.returncode == 0, out + dep.logs()
             folder = Path(re.findall(r"RESULTS (\S+)", out)[-1])
+        # each node's query (again if it reconnected) and train message, all by the one worker
+        served = served_by(tmp_path / "worker.log", 6)
     finally:
         stop_worker(worker)
     assert all(p.poll() is not None for p in dep.procs)
-    served = served_by(tmp_path / "worker.log", 6)
-    assert sorted(served) == sorted([(str(worker.pid), "query")] * 3 +
-                                    [(str(worker.pid), "train")] * 3), served
+    kinds = [kind for _, kind in served]
+    assert {p for p, _ in served} == {str(worker.pid)}, served
+    assert kinds.count("train") == 3 and kinds.count("query") >= 3, served
     cfg = resolve_config({"preset": "smoke"})
     assert (cfg.adapter.lora_r, cfg.federation.ranks) == (LORA_R, "")  # none in the run config
     tensors = 3 * (4 * 4 + 2)  # per client: A, B of 2 Linears in each of 4 blocks, head's 2

@@ -252,11 +252,13 @@ def interrupted_report(name: str, stopped: int, folder: str | None, results: Pat
                      "over")
         return "\n".join(lines)
     keys = f'{args.run_config} resume="{folder}"'.strip()
+    # the same app and federation as the run had (the defaults: nothing to repeat)
+    app = f" --app {shlex.quote(args.app)}" if args.app != "." else ""
     federation = (f" --federation-config {shlex.quote(args.federation_config)}"
                   if args.federation_config else "")
     lines += [f"last checkpoint: {checkpoint} (after round {round_})",
-              f"continue with: fedtune run --results {shlex.quote(str(results))}{federation} "
-              f"--run-config {shlex.quote(keys)}"]
+              f"continue with: fedtune run{app} --results {shlex.quote(str(results))}"
+              f"{federation} --run-config {shlex.quote(keys)}"]
     if os.environ.get("MAKELEVEL"):  # started by `make run`
         federation = (f" FEDERATION={shlex.quote(args.federation_config)}"
                       if args.federation_config else "")
