@@ -261,3 +261,11 @@ def served_by(log: Path, at_least: int = 0, wait_s: float = 20) -> list[tuple[st
         if len(served) >= at_least or time.monotonic() > deadline:
             return served
         time.sleep(0.1)
+
+
+def kinds_served(log: Path, pid: int, at_least: int) -> list[str]:
+    """The kinds of message ("query", "train") the worker logged, in order, once it has logged
+    ``at_least`` of them, each served by its one process ``pid``."""
+    served = served_by(log, at_least)
+    assert {p for p, _ in served} == {str(pid)}, served
+    return [kind for _, kind in served]
