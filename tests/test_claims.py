@@ -716,25 +716,37 @@ def test_jobs_store_the_same_records_as_one_process(tmp_path, smoke_claim):
                for f, r in zip(folders, shared))
 
 
-def test_jobs_workers_end_with_the_process_that_started_them():
+def test_jobs_workers_end_with_the_process_that_started_them(tmp_path):
     """A campaign killed by a signal runs no clean-up: its workers must not go on with the runs
     they were handed (minutes each, storing records nobody waits for)."""
+    # a run handed out: it says which worker took it, then takes 600 s (only the exit ends it)
+    (tmp_path / "handed_run.py").write_text(
+        "import os, time\n"
+        "def run(folder):\n"
+        "    open(os.path.join(folder, str(os.getpid())), 'w').close()\n"
+        "    time.sleep(600)\n")
+    started = tmp_path / "started"
+    started.mkdir()
     script = (
-        "import multiprocessing, time\n"
+        f"import sys, time; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import handed_run\n"
         "from fedtune_app.claims.execution import worker_pool\n"
         "pool = worker_pool(2)\n"
-        "for _ in range(2): pool.submit(time.sleep, 600)\n"
-        "while len(multiprocessing.active_children()) < 2: time.sleep(0.1)\n"
-        "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
-        "time.sleep(600)\n")
-    campaign = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                text=True)
+        f"for _ in range(2): pool.submit(handed_run.run, {str(started)!r})\n"
+        "time.sleep(900)\n")
+    campaign = subprocess.Popen([sys.executable, "-c", script])
     try:
-        workers = [int(pid) for pid in campaign.stdout.readline().split()]
+        # both runs under way (so each worker has started): a worker starved of CPU (the logic
+        # tests run at the lowest priority beside Ray's start-ups) may take minutes to import torch
+        deadline = time.monotonic() + 600
+        while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+            assert campaign.poll() is None, "the campaign ended before its workers ran"
+            time.sleep(0.2)
     finally:
         campaign.kill()  # SIGKILL: no handler, no executor shutdown, no atexit
         campaign.wait()
-    assert len(workers) == 2
+    workers = [int(f.name) for f in started.iterdir()]
+    assert len(workers) == 2  # each run blocks its worker: the second went to the other one
 
     def running(pid: int) -> bool:
         try:
@@ -742,8 +754,7 @@ def test_jobs_workers_end_with_the_process_that_started_them():
         except FileNotFoundError:
             return False
 
-    # the tasks sleep 600 s: only the exit can end them; 120 s, as a worker starved of CPU (the
-    # logic tests run at the lowest priority beside Ray's start-ups) may still be importing torch
+    # the runs take 600 s: only the exit can end them, and each worker's watch is running
     deadline = time.monotonic() + 120
     while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.2)
