@@ -820,11 +820,8 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         planning.plan_runs([], "mini", store=tmp_path)
     # the committed tuning records choose a rate from the grid for every arm of every claim
-    # whose tuning is in (Table 5's ratios of the paper's-design HeteroTune are still tuning)
-    tuned_ids = [i for i in mini if not i.startswith("heterotune-pooled-t5")]
-    tuned = planning.plan_runs(tuned_ids, "mini")
-    assert len(tuned) == len(planning.plan_runs(tuned_ids, "mini", lr_mode="paper")) \
-        and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
+    tuned = planning.plan_runs([], "mini")
+    assert len(tuned) == len(specs) and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
 def test_the_rank_settings_hold_every_block_and_share_their_gate():
