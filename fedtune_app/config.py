@@ -199,6 +199,9 @@ class DataConfig(ConfigPart):
         "seeds includes it)")
     test_subset: int = config_key(0, minimum=0, help=
         "use only this many test examples, stratified (0 = all)")
+    test_fraction: float = config_key(0.2, minimum=0.01, maximum=0.9, help=
+        "a data set without a test split of its own gets this fraction of every class as its "
+        "test set (a fixed seed: the same examples for every method and seed)")
     validation_fraction: float = config_key(0.0, minimum=0, maximum=0.5, help=
         "hold out this fraction of every (domain, class) of the training data as a validation set"
         " (fixed seed: the same examples for every method and seed), before 'train-subset' is "
@@ -223,15 +226,22 @@ class DataConfig(ConfigPart):
         "(DomainNet, NICO++, Hugging Face) while a batch trains (0 = decode on the training "
         "thread)")
     data_dir: str = config_key("", help=
-        "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files, or a Hugging Face"
-        " dataset saved with save_to_disk)")
+        "local folder of a data set (DomainNet, NICO++, Fashion-MNIST IDX files); your own data "
+        "goes in 'hf-dataset'")
     hf_dataset: str = config_key("", help=
-        "Hugging Face hub data set name or local folder (dataset = hf)")
+        "dataset = hf: your own data (a folder written by save_to_disk, a folder or file of CSV /"
+        " TSV / JSON / Parquet, an image folder with one subfolder a class) or a Hugging Face hub "
+        "name (docs/own-data.md)")
     hf_config: str = config_key("", help="its configuration name, e.g. 'sst2' for 'nyu-mll/glue'")
     hf_input_column: str = config_key("", help=
-        "image or text column(s), comma separated (empty = detect)")
-    hf_label_column: str = config_key("label", help="label column")
-    hf_test_split: str = config_key("test", help="split used as test set (GLUE: validation)")
+        "image or text column(s), comma separated; two: sentence pairs (empty = the image "
+        "column, else a text column named text, sentence, content, ..., else the only string "
+        "column)")
+    hf_label_column: str = config_key("label", help=
+        "label column, integers or strings (class names); absent: the one ClassLabel column")
+    hf_test_split: str = config_key("test", help=
+        "split used as test set (GLUE: validation); a data set without one: 'test-fraction' of "
+        "it")
     proxy_fraction: float = config_key(0.05, minimum=0, maximum=0.5, help=
         "fraction of each domain's training examples the server holds as proxy data (FedBRICK's "
         "distillation set, paper: 5%; FLTrust's root set); taken out of the clients' data when "
@@ -553,7 +563,7 @@ def _check_known(keys, origin: str) -> None:
     for name in keys:
         if name not in KEYS:
             raise ConfigError(f"unknown run-config key '{name}' ({origin})."
-                              f"{did_you_mean(name, KEYS)} Known keys: {', '.join(KEYS)}")
+                              f"{did_you_mean(name, KEYS)} Every key: docs/run-config.md")
 
 
 def load_preset(name: str) -> dict[str, Any]:
@@ -673,30 +683,60 @@ def register_check(check) -> None:
     CHECKS.append(check)
 
 
-def resolve(run_config: Mapping[str, Any]) -> RunConfig:
-    """Library defaults <- pyproject's main job <- preset <- explicitly given keys, all checked
-    against the keys registered so far (use ``fedtune_app.methods.resolve_config``, which
-    registers every method first).
-
-    Flower passes every key of pyproject's config whether the user gave it or not, so a key
-    counts as given when its value differs from pyproject's (a preset's value can therefore not
-    be set back to the main job's value from the command line: edit the preset instead)."""
+def _merge(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(every key's value, where each value that is not its default came from)."""
     given = dict(run_config)
     _check_known(given, "given")
     app = app_defaults()
     _check_known(app, "pyproject.toml")
     merged = {k: spec.default for k, spec in KEYS.items()} | app
+    origin = {k: "pyproject.toml" for k, v in app.items() if v != KEYS[k].default}
     preset = str(given.get("preset", "") or "")
     if preset:
-        merged.update(load_preset(preset))
+        values = load_preset(preset)
+        merged.update(values)
+        origin |= dict.fromkeys(values, f"preset {preset!r}")
     for key, value in given.items():
         if key not in app or value != app[key] or not preset:
             merged[key] = value
+            origin[key] = "run-config"
     merged["preset"] = preset
+    origin = {k: o for k, o in origin.items() if k != "preset" and merged[k] != KEYS[k].default}
+    return merged, origin
+
+
+def resolve(run_config: Mapping[str, Any]) -> RunConfig:
+    """Library defaults (= pyproject's table) <- preset <- explicitly given keys, all checked
+    against the keys registered so far (use ``fedtune_app.methods.resolve_config``, which
+    registers every method first).
+
+    Flower passes every key of pyproject's config whether the user gave it or not, so a key
+    counts as given when its value differs from pyproject's (a preset's value can therefore not
+    be set back to the default from the command line: edit the preset instead)."""
+    merged, _ = _merge(run_config)
     config = RunConfig.build({k: _coerce(k, v) for k, v in merged.items()})
     for check in CHECKS:
         check(config)
     return config
+
+
+def settings_origins(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Key -> (value, where it came from) for every key a run sets away from its default: the
+    run's first lines say them, so that no preset's value goes unnoticed."""
+    merged, origin = _merge(run_config)
+    return {k: (merged[k], o) for k, o in origin.items()}
+
+
+def describe_settings(origins: dict[str, tuple[Any, str]]) -> str:
+    """'settings: the defaults but ...' grouped by where the values came from."""
+    if not origins:
+        return "settings: the defaults (docs/run-config.md)"
+    by_origin: dict[str, list[str]] = {}
+    for key, (value, where) in origins.items():
+        by_origin.setdefault(where, []).append(f"{key}={value!r}" if isinstance(value, str)
+                                               else f"{key}={value}")
+    return "settings: the defaults but " + "; ".join(
+        f"{where}: {' '.join(items)}" for where, items in by_origin.items())
 
 
 def check_quorum(config: RunConfig) -> None:

@@ -368,10 +368,16 @@ MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "trai
 
 def bbc_test_articles(cfg: RunConfig) -> tuple[list[str], np.ndarray]:
     """The run's test articles as raw text, with their labels (the fixed split, re-drawn)."""
-    from fedtune_app.data.sources import stratified_split
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION, _bbc_news, _stratified_subset
+    from fedtune_app.data.sources import bbc_news
+    from fedtune_app.data.splits import (
+        SPLIT_SEED,
+        TEST_FRACTION,
+        _stratified_subset,
+        stratified_split,
+    )
 
-    texts, labels, _ = _bbc_news()
+    raw = bbc_news()
+    texts, labels = raw.inputs, raw.labels
     _, test = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
     test = _stratified_subset(test, labels, cfg.data.test_subset, SPLIT_SEED + 2)
     return [texts[i] for i in test], labels[test]

@@ -5,7 +5,7 @@ import tomllib
 import pytest
 
 import fedtune_app.methods  # noqa: F401  (registers every method's keys)
-from fedtune_app.config import KEYS, ConfigError, app_defaults
+from fedtune_app.config import KEYS, ConfigError, app_defaults, load_preset
 from fedtune_app.tools.pyproject_keys import (
     PYPROJECT,
     main,
@@ -14,7 +14,7 @@ from fedtune_app.tools.pyproject_keys import (
     toml_value,
 )
 
-# The main job (`flwr run .`) = the library defaults but these values (README: "The two commands")
+# The main job (`make run`, conf/main.toml) = the library defaults but these values
 MAIN_JOB = {"train-subset": 720, "test-subset": 300, "batch-size": 16, "lr": 0.05}
 
 
@@ -23,10 +23,10 @@ def test_pyproject_table_is_the_generated_one(capsys):
     assert set(app_defaults()) == set(KEYS)
 
 
-def test_main_job_differs_from_the_defaults_in_its_own_keys_only():
-    # a default changed in code leaves the old value in pyproject, which would then show up here
-    app = app_defaults()
-    assert {k: v for k, v in app.items() if v != KEYS[k].default} == MAIN_JOB
+def test_pyproject_holds_the_defaults_and_the_main_job_is_a_preset():
+    # nothing of the main job's sizes may apply to a run on another data set
+    assert app_defaults() == {k: spec.default for k, spec in KEYS.items()}
+    assert load_preset("main") == MAIN_JOB
 
 
 def test_a_missing_key_is_drift_and_write_adds_it_with_its_default():
@@ -37,14 +37,13 @@ def test_a_missing_key_is_drift_and_write_adds_it_with_its_default():
     assert render_table(dropped) == table  # back in its owner's section, with its default 8
 
 
-def test_main_job_values_keep_their_comments_defaults_lose_theirs():
-    table = "[tool.flwr.app.config]\n# why so high\nlr = 0.05\n# stale note\nseed = 0\n"
+def test_every_value_is_written_at_its_default_with_its_type():
+    table = "[tool.flwr.app.config]\n# stale note\nlr = 0.05\nseed = 0\n"
     generated = render_table(table)
-    assert "# why so high\nlr = 0.05\n" in generated
     assert "stale note" not in generated
     values = tomllib.loads(generated.replace("[tool.flwr.app.config]", ""))
-    expected = {k: spec.default for k, spec in KEYS.items()} | {"lr": 0.05}
-    assert values == expected
+    expected = {k: spec.default for k, spec in KEYS.items()}
+    assert values == expected and values["lr"] == 0.01
     # same TOML types as the defaults: bool stays bool, float stays float (1e-5 -> 1e-5)
     assert {k: type(v) for k, v in values.items()} == {k: type(v) for k, v in expected.items()}
 

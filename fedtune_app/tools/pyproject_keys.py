@@ -6,10 +6,9 @@
 Flower gives a run only the keys this table lists (``--run-config`` cannot add one), so every
 registered key must be in it: first the keys every run has (the fields of ``config.RunConfig``
 and its parts, under each part's docstring), then each owner's keys (the fields of a method's
-``register_method(config=...)``), owners in name order. A value that differs from the key's
-default belongs to the main job (``flwr run .``) and is kept, with the comment lines right above
-it; every other key is written with its default. (So a key whose default changes keeps its old
-pyproject value, now read as a main-job value: the tests pin the main job's keys to catch that.)
+``register_method(config=...)``), owners in name order, each with its default: `flwr run .`
+runs the documented defaults, and a job of other sizes is a preset (the main job: conf/main.toml),
+so nothing of one job silently applies to another data set.
 """
 
 from __future__ import annotations
@@ -46,26 +45,14 @@ def toml_value(value) -> str:
     return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
-def value_comments(table: str) -> dict[str, list[str]]:
-    """Key -> the comment lines right above it in ``table`` (section headings excluded)."""
-    headings = {f"# {h}" for h in [*base_sections().values(), *KEY_OWNERS.values()]}
-    comments, pending = {}, []
-    for line in table.splitlines():
-        if line.startswith("#"):
-            pending = [] if line in headings else pending + [line]
-        elif key := re.match(r"([A-Za-z0-9_-]+)\s*=", line):
-            comments[key.group(1)], pending = pending, []
-    return comments
-
-
 def render_table(table: str) -> str:
-    """The table as generated from the registry, keeping ``table``'s main-job values."""
+    """The table as generated from the registry: every key at its default."""
     current = tomllib.loads(table.replace(TABLE, "", 1))
     unknown = sorted(set(current) - set(KEYS))
     if unknown:
         raise ConfigError(f"pyproject.toml {TABLE} has unknown run-config key(s) "
                           f"{', '.join(unknown)}: remove them or register them")
-    sections, comments = base_sections(), value_comments(table)
+    sections = base_sections()
     base = [k for k in KEYS if k not in KEY_OWNERS]
     owned = sorted((k for k in KEYS if k in KEY_OWNERS), key=lambda k: KEY_OWNERS[k])
     lines, heading = [TABLE], ""
@@ -74,10 +61,7 @@ def render_table(table: str) -> str:
         if section != heading:
             lines.append(f"# {section}")
             heading = section
-        default = KEYS[key].default
-        main_job = key in current and current[key] != default
-        lines += comments.get(key, []) if main_job else []
-        lines.append(f"{key} = {toml_value(current[key] if main_job else default)}")
+        lines.append(f"{key} = {toml_value(KEYS[key].default)}")
     return "\n".join(lines) + "\n"
 
 
