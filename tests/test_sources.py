@@ -200,7 +200,7 @@ def test_hugging_face_image_dataset_saved_to_disk(tmp_path):
 
 
 def test_hub_dataset_without_network_is_a_clear_error():
-    with pytest.raises(ConfigError, match="'hf-dataset' = 'uoft-cs/cifar10' could not be loaded"):
+    with pytest.raises(ConfigError, match="'hf-dataset' = 'uoft-cs/cifar10' could not be read"):
         run_splits(cfg_of(dataset="hf", hf_dataset="uoft-cs/cifar10"))
     with pytest.raises(ConfigError, match="needs run-config key 'hf-dataset'"):
         run_splits(cfg_of(dataset="hf"))
