@@ -1,9 +1,9 @@
 """fedtune ServerApp: read the run config, run the chosen method, write the results folder."""
 
+import logging
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-
-import logging
 
 from fedtune_app.apps.server import run_federation
 from fedtune_app.config import describe_settings, settings_origins, setup_logging
