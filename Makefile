@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
-CONFIG ?=
+# the main job: conf/main.toml (the defaults at a short CPU run's sizes); CONFIG='...' replaces it
+CONFIG ?= preset="main"
 # empty: one simulated SuperNode per client of the (preset's) capacity profile, one CPU each
 FEDERATION ?=
 FEDTUNE := $(BIN)/fedtune

@@ -458,6 +458,10 @@ class RunConfig(ConfigPart):
     """The run: its preset, method and seed, then one part per layer (each takes its own)."""
     preset: str = config_key("", help=
         "file name in conf/ (without .toml) whose keys become the defaults")
+    preset_overrides: str = config_key("", help=
+        "keys given beside the preset, comma separated, that win over it even at pyproject's "
+        "value (Flower passes every pyproject key, so such a value looks not given): `fedtune "
+        "run` sets it")
     method: str = config_key("fedra", help="federated method (one of the registered methods)")
     seed: int = config_key(0, minimum=0, help=
         "seed of allocation, sampling, partitions and initial adapters")
@@ -696,12 +700,14 @@ def _merge(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str
         values = load_preset(preset)
         merged.update(values)
         origin |= dict.fromkeys(values, f"preset {preset!r}")
+    overrides = {k.strip() for k in str(given.get("preset-overrides", "")).split(",")}
     for key, value in given.items():
-        if key not in app or value != app[key] or not preset:
+        if key not in app or value != app[key] or not preset or key in overrides:
             merged[key] = value
             origin[key] = "run-config"
     merged["preset"] = preset
-    origin = {k: o for k, o in origin.items() if k != "preset" and merged[k] != KEYS[k].default}
+    origin = {k: o for k, o in origin.items()
+              if k not in ("preset", "preset-overrides") and merged[k] != KEYS[k].default}
     return merged, origin
 
 
@@ -711,8 +717,8 @@ def resolve(run_config: Mapping[str, Any]) -> RunConfig:
     registers every method first).
 
     Flower passes every key of pyproject's config whether the user gave it or not, so a key
-    counts as given when its value differs from pyproject's (a preset's value can therefore not
-    be set back to the default from the command line: edit the preset instead)."""
+    counts as given when its value differs from pyproject's or 'preset-overrides' names it
+    (`fedtune run` names every key its user gave beside a preset)."""
     merged, _ = _merge(run_config)
     config = RunConfig.build({k: _coerce(k, v) for k, v in merged.items()})
     for check in CHECKS:

@@ -31,7 +31,8 @@ MAX_SEEDS = 10  # the report looks for seeds 0..MAX_SEEDS-1
 DEPTH = {"mini": 12, "cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones
 # keys that change where or how often a run writes, not what it computes (the client engine:
 # the same per-client updates up to float rounding, tests/test_batched_engine.py)
-BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset", "device",
+BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset",
+               "preset-overrides", "device",
                "data-workers", "eval-batch-size", "round-timeout", "min-nodes", "checkpoint-dir",
                "data-dir", "client-engine"}
 
