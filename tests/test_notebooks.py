@@ -2,6 +2,7 @@
 without outputs. Executing needs nbclient + ipykernel (see the notebooks' README)."""
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +40,7 @@ def progress_outputs(nb) -> tuple[int, list[str]]:
     return widgets, [o.get("text", "") for o in outputs if o.get("name") == "stderr"]
 
 
-def test_compare_strategies_notebook(run_notebook, tmp_path):
+def test_compare_strategies_notebook(run_notebook, tmp_path, monkeypatch):
     from fedtune_app.tools import analysis
 
     nb = run_notebook("compare_strategies")
@@ -70,6 +71,13 @@ def test_compare_strategies_notebook(run_notebook, tmp_path):
         ["accuracy-per-round.png", "accuracy-vs-bytes.png", "accuracy-per-group.png",
          "layer-coverage.png"] + [f"{kind}-{m}.png" for kind in ("allocation", "tsne")
                                   for m in ("fedra", "all-large", "all-small")])
+    # given those runs' folders as its parameter, it compares them instead of running again
+    again = tmp_path / "again"
+    monkeypatch.setenv("FEDTUNE_RESULTS_DIR", str(again))
+    monkeypatch.setenv("FEDTUNE_LOAD_FROM", os.pathsep.join(str(r.folder) for r in runs))
+    run_notebook("compare_strategies")
+    assert sorted(p.name for p in again.iterdir()) == ["plots", "table.csv", "table.md"]
+    assert pd.read_csv(again / "table.csv").equals(written)
 
 
 def test_scenario_sweep_notebook(run_notebook, tmp_path):

@@ -3,8 +3,9 @@
     python -m fedtune_app.tools.notebook_runner notebooks/*.ipynb --preset smoke \
         --out results/notebooks
 
-The notebooks read ``FEDTUNE_PRESET`` (run-config preset of every run they start) and
-``FEDTUNE_RESULTS_DIR`` (where their runs, plots and tables go); this sets both, runs every
+The notebooks read ``FEDTUNE_PRESET`` (run-config preset of every run they start),
+``FEDTUNE_RESULTS_DIR`` (where their runs, plots and tables go) and ``FEDTUNE_LOAD_FROM``
+(results folders to compare instead of running, ``compare_strategies``); this sets them, runs every
 cell in a fresh kernel with the notebook's folder as working directory, and writes the executed
 copies to ``--out`` (executed outputs are not committed).
 """
@@ -38,12 +39,16 @@ def main(argv=None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+")
     parser.add_argument("--preset", default="smoke",
-                        help="run-config preset of the notebooks' runs ('' = the main job)")
+                        help="run-config preset of the notebooks' runs (main: the main job)")
+    parser.add_argument("--load-from", nargs="*", default=[],
+                        help="results folders to compare instead of running (compare_strategies)")
     parser.add_argument("--out", default="results/notebooks",
                         help="folder for the executed notebooks and their runs")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     os.environ["FEDTUNE_PRESET"] = args.preset
+    os.environ["FEDTUNE_LOAD_FROM"] = os.pathsep.join(str(Path(p).resolve())
+                                                      for p in args.load_from)
     for notebook in map(Path, args.notebooks):
         started = time.time()
         os.environ["FEDTUNE_RESULTS_DIR"] = str(out / notebook.stem)
