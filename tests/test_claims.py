@@ -278,6 +278,34 @@ def test_a_claim_equal_to_another_is_marked_and_counted_once(hand_tier, monkeypa
     assert _rows(records)["t-twin"]["identical"] is False
 
 
+def test_the_pooled_flexifed_claim_runs_the_overlap_reading_under_hashes_of_its_own():
+    """The paper's design compares HeteroTune with FlexiFed as the paper ran it (overlapping
+    slices), no longer with strict FlexiFed (Homo run for run). A record is found by its run
+    config's hash: strict FlexiFed's records keep theirs (the new key at its default is left out
+    of the run key), and no hash of the overlap arm, at any rate and seed a claim or its tuning
+    uses, is one of them, so no strict record counts for the overlap arm."""
+    claim = CLAIMS["heterotune-pooled-t1-vs-flexifed"]
+    assert claim.terms[1] == (-1.0, "heterotune-pooled", "flexifed-overlap")
+    assert not claim.same_as and "overlapping slices" in claim.sentence
+    assert CLAIMS["heterotune-t1-vs-flexifed"].same_as == "heterotune-t1-vs-homo"  # silo: strict
+    strict = {json.loads(p.read_text())["hash"] for folder in ("runs", "tuning")
+              for p in (run_store.STORE / folder / "mini").glob(
+                  "heterotune-pooled__flexifed__*.json")}
+    assert len(strict) == 18  # 10 claim runs, 8 tuning runs (2 seeds x 4 rates)
+    overlap, rates = set(), {*reg.LR_GRID["mini"], reg.PAPER_LR}  # 0.01 is in the grid
+    for lr in rates:
+        for seed in range(10):
+            keys = run_store.run_config("mini", "heterotune-pooled", "flexifed-overlap", seed, lr)
+            plain = run_store.run_config("mini", "heterotune-pooled", "flexifed", seed, lr)
+            assert run_store.run_key(keys) == run_store.run_key(plain) | {
+                "flexifed-aggregation": "overlap"}
+            overlap.add(run_store.config_hash(keys))
+        overlap |= {run_store.config_hash(run_store.tuning_config(
+            "mini", "heterotune-pooled", "flexifed-overlap", seed, lr))
+            for seed in reg.TUNING_SEEDS}
+    assert len(overlap) == len(rates) * (10 + len(reg.TUNING_SEEDS)) and not overlap & strict
+
+
 def test_every_cpu_record_keeps_its_config_hash():
     """The label-skew tier's committed records are found again: none of their run configs
     changed (a changed key would orphan a record and rerun it)."""
@@ -819,9 +847,12 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     # tuned rates are the default: before any tuning run, planning says what to do first
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         planning.plan_runs([], "mini", store=tmp_path)
-    # the committed tuning records choose a rate from the grid for every arm of every claim
-    tuned = planning.plan_runs([], "mini")
-    assert len(tuned) == len(specs) and {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
+    # the committed tuning records choose a rate from the grid for every arm of every claim but
+    # FlexiFed on overlapping slices, added after the tuning campaign (10 runs: one per seed)
+    arms = sorted({s.arm for s in specs} - {"flexifed-overlap"})
+    tuned = planning.plan_runs([], "mini", arms=arms)
+    assert len(tuned) == len(specs) - 10
+    assert {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
 def test_the_rank_settings_hold_every_block_and_share_their_gate():
