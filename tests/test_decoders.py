@@ -353,7 +353,7 @@ def test_a_bf16_checkpoint_config_builds_float32_parameters():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-# Flower 1.41's local-SuperLink HTTP and Control API ports (flwr.cli.constant, a private module)
+# Flower 1.41's and 1.42's local-SuperLink HTTP and Control API ports (flwr.cli.constant, private)
 FLOWER_LOCAL_SUPERLINK_PORTS = (39091, 39093)
 
 

@@ -43,7 +43,7 @@ UNCHECKED = {
     "ssh-keygen ": "key tooling (scripts/make_credentials.sh runs it)",
     "sha256sum ": "coreutils",
     "git worktree ": "git",
-    "printf ": "writes a Flower connection entry (the TOML is what Flower 1.41 reads; the "
+    "printf ": "writes a Flower connection entry (the TOML is what Flower 1.41 and 1.42 read; the "
                "deployment tests write the same)",
     "node() {": "a shell function (the flower-supernode options in it are the ones checked "
                 "in section 1.3's command)",

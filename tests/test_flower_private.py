@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Flower's public API: the modules its API reference documents for apps (1.41)
+# Flower's public API: the modules its API reference documents for apps (1.41, 1.42)
 PUBLIC = {"flwr", "flwr.app", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.clientapp",
           "flwr.simulation"}
 THE_MODULE = ROOT / "fedtune_app" / "federated" / "flower_private.py"

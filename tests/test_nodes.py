@@ -36,7 +36,7 @@ def sent_message(grid: InProcessGrid, node: int, mid: str) -> Message:
 
 
 def superlink_reply(msg: Message) -> Message:
-    """What Flower 1.41's SuperLink returns for a message to a node gone offline."""
+    """What Flower 1.41's and 1.42's SuperLink returns for a message to a node gone offline."""
     reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"),
                     reply_to=msg)
     reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID

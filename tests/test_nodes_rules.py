@@ -185,7 +185,7 @@ def test_flower_error_codes_are_named():
     assert ERROR_NAMES[2] == "CLIENT_APP_RAISED_EXCEPTION"
     assert ERROR_NAMES[5] == "NODE_UNAVAILABLE"
     assert ERROR_NAMES[8] == "CLIENT_APP_CRASHED"
-    assert sorted(ERROR_NAMES) == list(range(9))  # Flower 1.41's codes, nothing else
+    assert sorted(ERROR_NAMES) == list(range(9))  # Flower 1.41's and 1.42's codes, nothing else
     grid = InProcessGrid(device, [], {})  # sets Flower's task identity for Message()
     _, crashed = reply_to(grid, 1017, "m1", error=(ErrorCode.CLIENT_APP_CRASHED, "killed"))
     assert error_of(crashed) == {"code": 8, "name": "CLIENT_APP_CRASHED", "reason": "killed"}

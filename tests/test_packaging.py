@@ -43,8 +43,8 @@ def test_flwr_build_ships_the_app_without_tests_notebooks_benchmarks_docs(tmp_pa
     assert shipped == expected
     meta = tomllib.loads(zipfile.ZipFile(fab).read("pyproject.toml").decode())
     app = meta["tool"]["flwr"]["app"]
-    assert app["fab-format-version"] == 1 and app["flwr-version-target"] == "1.41.0"
-    assert "flwr[simulation]>=1.41.0,<1.42" in meta["project"]["dependencies"]
+    assert app["fab-format-version"] == 1 and app["flwr-version-target"] == "1.42.0"
+    assert "flwr[simulation]>=1.41.0,<1.43" in meta["project"]["dependencies"]
     assert "Apache License" in zipfile.ZipFile(fab).read("LICENSE").decode()[:200]
 
 

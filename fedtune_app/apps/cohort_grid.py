@@ -10,8 +10,8 @@ reply; the Grid hands the strategy one reply per client, each from the node it w
 if every node had answered. Strategies, update screening, aggregation, byte accounting and each
 client's tensors do not change: the bundle is transport.
 
-Why a Grid and not a simulation backend: Flower 1.41 has one backend (Ray's) and its actors
-take one message each; a backend of our own would be a home-made runtime. The Grid wrapper
+Why a Grid and not a simulation backend: Flower 1.41 and 1.42 have one backend (Ray's) and its
+actors take one message each; a backend of our own would be a home-made runtime. The Grid wrapper
 adds one line to the ServerApp and none to the ClientApp (``client.handle_train`` recognises a
 bundle), and the same bundle works through the in-process Grid, which tests use.
 

@@ -7,7 +7,7 @@ node's reply: a fault gets (message, reply) and returns the reply to deliver, No
 timed out), or a list of replies (a repeated reply, a stray one from another node).
 Nodes can come and go as on a real SuperLink: ``add_node`` (a late device, or a restarted one
 without authentication: a new node id), ``go_offline`` (no longer listed; a message to it gets
-the SuperLink's NODE_UNAVAILABLE reply, sent from node 1 as Flower 1.41 does), ``come_back``
+the SuperLink's NODE_UNAVAILABLE reply, sent from node 1 as Flower 1.41 and 1.42 do), ``come_back``
 (a restart under the same id, as with SuperNode authentication: activated anew).
 ``run_inprocess`` writes the same results folder as ``flwr run`` with the same run config
 (simulation nodes get ``partition-id``/``num-partitions`` exactly as here).

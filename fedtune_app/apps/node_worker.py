@@ -1,8 +1,8 @@
 """A node's long-lived worker: torch, the model, its frozen blocks and the prepared data stay warm
 between messages.
 
-Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message, which then pays the
-imports, the model build and the data load again. Beside ``flower-supernode`` a device runs
+Flower 1.41 and 1.42 start a fresh ``flwr-clientapp`` process for every message, which then pays
+the imports, the model build and the data load again. Beside ``flower-supernode`` a device runs
 
     fedtune node-worker --address /run/fedtune/worker.sock --authkey-file /etc/fedtune/worker.key
 

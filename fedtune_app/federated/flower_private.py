@@ -1,7 +1,7 @@
 """The only module that imports Flower's private modules: everything else uses Flower's public API
 (``flwr.app``, ``flwr.serverapp``, ``flwr.serverapp.strategy``, ``flwr.clientapp``).
 
-Each name below has no public counterpart in Flower 1.41; a Flower release may move it, so a
+Each name below has no public counterpart in Flower 1.41 or 1.42; a Flower release may move it, so a
 Flower upgrade starts here (``tests/test_flower_private.py`` keeps every other module, test and
 benchmark from importing these modules directly). Why each is needed:
 

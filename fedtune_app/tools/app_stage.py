@@ -1,7 +1,7 @@
 """The app folder `fedtune run` hands to `flwr run`: a copy of the files its FAB can hold.
 
 `flwr run APP` lists every file under APP before it selects what goes into the FAB (Flower 1.41
-walks the whole folder and resolves each path, then drops what .gitignore excludes and keeps
+and 1.42 walk the whole folder and resolve each path, then drop what .gitignore excludes and keep
 what pyproject's ``fab-include`` names). With `make setup`'s virtual environment inside the
 checkout (``.venv``: about 83,000 files here) that listing cost about 12 s of CPU before every
 run on a 2-core AMD EPYC.
