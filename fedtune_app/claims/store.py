@@ -82,8 +82,9 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
     preset = keys.pop("preset", "")
     keys = (load_preset(preset) if preset else {}) | keys | arm.keys | arm.tier_keys.get(tier, {})
     keys |= {"method": arm.method, "seed": seed}
-    if CLIENT_ENGINE[tier] != "sequential":  # the default: a sequential run's key omits it
-        keys["client-engine"] = CLIENT_ENGINE[tier]
+    engine = CLIENT_ENGINE.get(tier, "sequential")  # a test's own tier: the default
+    if engine != "sequential":  # the default: a sequential run's key omits it
+        keys["client-engine"] = engine
     if lr is not None:
         keys["lr"] = lr
     plain_list = keys.get("capacity-profile", "list") == "list" and not keys.get("model-groups")
