@@ -1038,13 +1038,50 @@ def test_the_rounds_check_plans_its_claims_with_its_keys_on_its_seeds():
         cli.main(["run", "fedra-t1-near-alllarge", "--check", "rounds-100", "--dry-run"])
 
 
-def test_a_record_made_by_either_client_engine_is_the_same_run():
-    """The batched engine gives each client its sequential update up to float rounding
-    (tests/test_batched_engine.py): a campaign run either way finds the other's records."""
+def test_a_record_names_its_client_engine_and_the_engines_are_not_pooled(monkeypatch):
+    """The batched engine matches the sequential one only up to float rounding: a run of each
+    is its own record (its hash names the engine), and a tier's engine is part of every run's
+    key. The sequential engine is the default, so a sequential run's key omits it and the
+    committed records (none names an engine: every campaign ran the sequential one) keep their
+    hashes; each reads as sequential."""
     keys = run_store.run_config("mini", "fedra-uneven", "fedra", 0, 0.1)
-    assert (run_store.config_hash(keys | {"client-engine": "batched"})
+    assert "client-engine" not in keys
+    assert (run_store.config_hash(keys | {"client-engine": "sequential"})
             == run_store.config_hash(keys))
-    assert run_store.config_hash(keys | {"lr": 0.03}) != run_store.config_hash(keys)
+    assert (run_store.config_hash(keys | {"client-engine": "batched"})
+            != run_store.config_hash(keys))
+    records = [json.loads(p.read_text()) for folder in ("runs", "tuning")
+               for p in sorted((run_store.STORE / folder).glob("*/*.json"))]
+    assert len(records) > 1000
+    assert {run_store.record_engine(r) for r in records} == {"sequential"}
+    assert run_store.record_engine({"client-engine": "batched", "run-key": {}}) == "batched"
+    monkeypatch.setitem(run_store.CLIENT_ENGINE, "mini", "batched")
+    batched = run_store.run_config("mini", "fedra-uneven", "fedra", 0, 0.1)
+    assert batched["client-engine"] == "batched"
+    assert run_store.config_hash(batched) == run_store.config_hash(keys | {"client-engine":
+                                                                          "batched"})
+    with pytest.raises(SystemExit, match="--set client-engine"):
+        cli.main(["run", "fedra-t1-near-alllarge", "--set", 'client-engine="batched"',
+                  "--dry-run"])
+
+
+def test_a_claims_record_counts_the_client_rounds_each_engine_trained(tmp_path):
+    """A record keeps the engine its run asked for and, from metrics.json, how many
+    client-rounds each engine trained (two rounds of three clients, one client of round 2
+    left to the sequential path: 1 and 5)."""
+    from fedtune_app.claims import execution
+
+    rounds = [{"round": r, "accuracy": 0.5, "loss": 1.0, "client-engines": engines}
+              for r, engines in [(1, {"sequential": 0, "batched": 3}),
+                                 (2, {"sequential": 1, "batched": 2})]]
+    (tmp_path / "metrics.json").write_text(json.dumps(rounds))
+    keys = run_store.run_config("mini", "fedra-uneven", "fedra", 0, 0.1)
+    spec = run_store.RunSpec("mini", "fedra-uneven", "fedra", 0,
+                             keys | {"client-engine": "batched"})
+    record = execution.summarize_run(spec, tmp_path, 1.0, "abc", fingerprint="f")
+    assert record["client-engine"] == "batched"
+    assert record["client-engines"] == {"sequential": 1, "batched": 5}
+    assert record["run-key"]["client-engine"] == "batched"
 
 
 def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 
 from fedtune_app.apps.cohort_grid import (
     bundle_replies,
@@ -30,12 +30,14 @@ from fedtune_app.config import ConfigError, RunConfig, parse_faults
 from fedtune_app.data.groups import group_config, node_model_group, num_groups
 from fedtune_app.data.scenarios import check_rank
 from fedtune_app.data.splits import client_examples, client_group, run_num_classes, run_splits
+from fedtune_app.federated.flower_private import ErrorCode
 from fedtune_app.federated.objectives import LocalObjective
 from fedtune_app.federated.records import from_record, to_record
 from fedtune_app.federated.wire import (
     CHECKPOINT_BYTES,
     FIT_SECONDS,
     TRAIN_SECONDS,
+    TRAINED_BATCHED,
     NodeAnswer,
     TrainReply,
     TrainTask,
@@ -243,16 +245,20 @@ def train_reply(content: RecordDict, context: Context) -> TrainReply:
     objective.end(params, context)
     updated = after_training(cfg, pid, recipe.trained(params) | recipe.reply(), received, round_)
     metrics = {FIT_SECONDS: fit_seconds, TRAIN_SECONDS: time.perf_counter() - started,
-               CHECKPOINT_BYTES: fetched, **process_stats()}
+               CHECKPOINT_BYTES: fetched, TRAINED_BATCHED: 0, **process_stats()}
     return TrainReply(to_record(updated), num_examples, loss, metrics)
 
 
 def handle_train_cohort(items: list[tuple[Message, Context]]) -> dict[int, Message]:
     """The batched client engine (run-config key ``client-engine = "batched"``) for the train
     messages of one round delivered in one process (the in-process runner): their replies by
-    position in ``items``; a message it does not answer goes to ``handle_train``."""
+    position in ``items`` (an error reply where the engine failed); a message it does not
+    answer goes to ``handle_train``."""
     replies = train_cohort([(msg.content, context) for msg, context in items])
-    return {k: reply.to_message(items[k][0]) for k, reply in replies.items()}
+    return {k: reply.to_message(items[k][0]) if isinstance(reply, TrainReply)
+            else Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reply),
+                         reply_to=items[k][0])
+            for k, reply in replies.items()}
 
 
 def train_bundle(content: RecordDict, context: Context) -> RecordDict:
@@ -272,27 +278,30 @@ def train_bundle(content: RecordDict, context: Context) -> RecordDict:
     for k, (task, sub, partition) in enumerate(tasks):
         try:
             reply = batched[k] if k in batched else train_reply(task, sub)
-            replies.append(reply.to_content())
+            replies.append(reply.to_content() if isinstance(reply, TrainReply) else reply)
         except Exception as err:  # noqa: BLE001 - what the runtime does: an error reply
             replies.append(f"{err.__class__.__name__}: {err}")
         keep_partition_state(context.state, partition, sub.state)
     return bundle_replies(replies)
 
 
-def train_cohort(items: list[tuple[RecordDict, Context]]) -> dict[int, TrainReply]:
+def train_cohort(items: list[tuple[RecordDict, Context]]) -> dict[int, TrainReply | str]:
     """The tasks of one round (train messages' contents, each with its node's context)
     trained as cohorts (one per shared model: same method, backbone and training config) by
     ``training.batched.Cohort``. Returns the replies by position in ``items``; a task it does
     not answer (its method's step is not plain local training, a fault, a payload its recipe
     refuses, a model the cohort cannot split) is left to ``train_reply``, which answers it
-    exactly as before. Each reply is built as ``train_reply`` builds it."""
+    exactly as before. Each reply is built as ``train_reply`` builds it. Where the engine
+    itself fails, each client of that cohort gets the failure as its reply (a string: the
+    error's reason), never a sequential retry: the round counts it as that client's error,
+    and a record made by the batched engine is never quietly the sequential engine's."""
     started = time.perf_counter()
     cohorts: dict = {}
     for index, (content, context) in enumerate(items):
         try:
             prepared = _cohort_member(content, context)
-        except Exception:  # noqa: BLE001 - the sequential path raises it again, as an error
-            continue
+        except Exception:  # noqa: BLE001 - no training yet: ``train_reply`` does the same
+            continue  # preparation and raises the same error, as the client's error reply
         if prepared is not None:
             key = (id(prepared["model"]), prepared["cfg"].training)
             cohorts.setdefault(key, []).append((index, prepared))
@@ -303,10 +312,10 @@ def train_cohort(items: list[tuple[RecordDict, Context]]) -> dict[int, TrainRepl
         except NotBatchable as why:  # every member goes the sequential way
             log.info("fedtune: client-engine batched: %d clients train one after another: %s",
                      len(members), why)
-        except Exception:  # noqa: BLE001 - a failure of the engine itself must not cost the
-            # round: the sequential path trains them (tests require the cohort to answer)
-            log.exception("fedtune: client-engine batched failed; %d clients train one after "
-                          "another", len(members))
+        except Exception as err:  # noqa: BLE001 - the engine failed: its clients' error replies
+            log.exception("fedtune: client-engine batched failed for %d clients", len(members))
+            reason = f"client-engine batched failed: {err.__class__.__name__}: {err}"
+            replies |= {index: reason for index, _ in members}
     return replies
 
 
@@ -360,6 +369,6 @@ def _train_cohort(members: list[tuple[int, dict]], started: float) -> dict[int, 
         updated = m["recipe"].trained(m["params"]) | m["recipe"].reply()
         metrics = {FIT_SECONDS: fit_seconds,
                    TRAIN_SECONDS: (time.perf_counter() - started) / len(joined),
-                   CHECKPOINT_BYTES: m["fetched"], **process_stats()}
+                   CHECKPOINT_BYTES: m["fetched"], TRAINED_BATCHED: 1, **process_stats()}
         replies[index] = TrainReply(to_record(updated), len(m["examples"]), losses[k], metrics)
     return replies

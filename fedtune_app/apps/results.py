@@ -26,6 +26,7 @@ from fedtune_app.apps.plots import plot_partition
 from fedtune_app.apps.tracking import make_tracker, round_scalars
 from fedtune_app.config import RunConfig
 from fedtune_app.data.splits import class_names_of
+from fedtune_app.federated.wire import TRAINED_BATCHED
 from fedtune_app.model.perf import process_stats
 from fedtune_app.model.progress import clock
 
@@ -54,6 +55,13 @@ def write_json(path: Path, value) -> None:
 def results_root(cfg: RunConfig) -> Path:
     folder = cfg.federation.results_dir or os.environ.get("FEDTUNE_RESULTS_DIR") or "results"
     return Path(folder).resolve()
+
+
+def trained_by_engine(client_metrics) -> dict[str, int]:
+    """How many of the accepted replies each client engine trained (their ``trained-batched``
+    metric; a reply without it, from a node of older code, trained sequentially)."""
+    batched = sum(1 for m in client_metrics if m.get(TRAINED_BATCHED))
+    return {"sequential": len(client_metrics) - batched, "batched": batched}
 
 
 class ResultsWriter:
@@ -110,6 +118,7 @@ class ResultsWriter:
             "started": entry.started,
             "seconds": time.time() - entry.started,
             "client-metrics": entry.client_metrics,  # train/fit seconds, pid, peak RSS per client
+            "client-engines": trained_by_engine(list(entry.client_metrics.values())),
             "server": process_stats(),
         }
         record |= {k: v for k, v in evaluation.items() if k not in record}  # method's extras

@@ -84,6 +84,12 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
               **({} if cpu_seconds is None else {"cpu-seconds": round(cpu_seconds, 1)}),
               "commit": commit,
               "fingerprint": fingerprint or code_fingerprint(spec.keys["method"]),
+              # the engine the run asked for, and how many client-rounds each engine trained
+              # (the batched one leaves a method it cannot batch to the sequential one)
+              "client-engine": spec.keys.get("client-engine", "sequential"),
+              "client-engines": {engine: sum(m.get("client-engines", {}).get(engine, 0)
+                                             for m in metrics)
+                                 for engine in ("sequential", "batched")},
               "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     window = correct[-cs.LAST_EVALUATIONS:]
     if window and all(window):  # the primary metric's evaluations, example by example

@@ -88,6 +88,9 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
     ``data_dirs``: dataset -> its ``data-dir``, set on the runs of that dataset only (the paper
     tier reads NICO++ and DomainNet from two folders)."""
     _check_arms(arms)
+    if "client-engine" in (extra or {}):  # the report would never read those records
+        raise SystemExit("claims: --set client-engine makes records the report does not read; "
+                         "a tier's engine is store.CLIENT_ENGINE, part of every run's key")
     data_dirs = data_dirs or {}
     runs: dict[str, RunSpec] = {}
     claims = match_claims(list(patterns), tier)

@@ -29,12 +29,18 @@ TIERS = ("mini", "cpu", "gpu", "paper")  # the report's order: the papers' desig
 LR_MODES = ("tuned", "paper")
 MAX_SEEDS = 10  # the report looks for seeds 0..MAX_SEEDS-1
 DEPTH = {"mini": 12, "cpu": 6, "gpu": 12, "paper": 12}  # blocks of the tier's backbones
-# keys that change where or how often a run writes, not what it computes (the client engine:
-# the same per-client updates up to float rounding, tests/test_batched_engine.py)
+# the client engine of each tier's runs (key 'client-engine'), part of every run's key: a tier
+# switched to the batched engine runs and reads new records, never the sequential ones
+CLIENT_ENGINE = {tier: "sequential" for tier in TIERS}
+# keys that change where or how often a run writes, not what it computes. Not the client
+# engine: the batched one gives each client its sequential update only up to float rounding,
+# which sixty rounds grow into another trajectory, so a run of each engine is its own record
+# (its hash names the engine; the sequential engine is the default, so the run key of a
+# sequential run, every record made before records named their engine, does not name it)
 BOOKKEEPING = {"results-dir", "tracker", "checkpoint-every", "resume", "preset",
                "preset-overrides", "device",
                "data-workers", "eval-batch-size", "round-timeout", "min-nodes", "checkpoint-dir",
-               "data-dir", "client-engine"}
+               "data-dir"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,9 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
     preset = keys.pop("preset", "")
     keys = (load_preset(preset) if preset else {}) | keys | arm.keys | arm.tier_keys.get(tier, {})
     keys |= {"method": arm.method, "seed": seed}
+    engine = CLIENT_ENGINE.get(tier, "sequential")  # a test's own tier: the default
+    if engine != "sequential":  # the default: a sequential run's key omits it
+        keys["client-engine"] = engine
     if lr is not None:
         keys["lr"] = lr
     plain_list = keys.get("capacity-profile", "list") == "list" and not keys.get("model-groups")
@@ -193,6 +202,12 @@ def code_commit() -> str:
                               capture_output=True, check=True).stdout.strip() or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def record_engine(record: dict) -> str:
+    """The client engine that made a record: its own word, else its run key's (a record made
+    before records named it: the sequential engine, the only one the campaigns had run)."""
+    return record.get("client-engine") or record["run-key"].get("client-engine", "sequential")
 
 
 def record_method(record: dict) -> str:

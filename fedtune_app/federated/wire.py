@@ -49,6 +49,7 @@ MAX_BATCHES = "max-batches"
 TRAIN_LOSS = "train-loss"
 FIT_SECONDS = "fit-seconds"
 TRAIN_SECONDS = "train-seconds"
+TRAINED_BATCHED = "trained-batched"  # 1: the batched client engine trained it; 0: sequential
 
 TASK_KEYS = (LAYERS, SERVER_ROUND, MAX_BATCHES)
 

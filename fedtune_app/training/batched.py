@@ -40,7 +40,9 @@ methods' clients fall back to the sequential path: a recipe with its own loss or
 adapters, pFedLoRA's phases), a FedProx/FedDyn term, full fine-tuning. ``Cohort`` refuses
 (``NotBatchable``) a model its forward cannot split by rows: text families, whose blocks take a
 per-row attention mask, and dropout other than LoRA's, which draws from torch's global
-generator. Either way the clients train as before, one after another, and the log says why.
+generator. Either way the clients train as before, one after another, and the log says why
+(and each reply's ``trained-batched`` metric). Any other error of the engine is each of its
+clients' error reply: never retried on the sequential path (``apps.client.train_cohort``).
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ def not_batchable(cfg: RunConfig, recipe: ClientRecipe) -> str | None:
     """Why this client's local step cannot join a cohort (None: it can). The one place that
     decides which methods the batched engine covers: those whose client step is plain local
     training of its trainable tensors, i.e. whose recipe keeps ``ClientRecipe``'s loss and
-    training loop (FedRA, AllLarge, AllSmall, InclusiveFL's clients, FlexiFed, FedIT, FLoRA,
-    FlexLoRA, FedEx-LoRA, FFA-LoRA, FedSA-LoRA)."""
+    training loop (FedRA, AllLarge, AllSmall, InclusiveFL's clients, FlexiFed, Homo, FedDF,
+    whose distillation is the server's, FedIT, FLoRA, FlexLoRA, FedEx-LoRA, FFA-LoRA,
+    FedSA-LoRA; tests/test_batched_engine.py compares each with the sequential engine)."""
     kind = type(recipe)
     if kind.loss is not ClientRecipe.loss or kind.fit is not ClientRecipe.fit:
         return f"method {cfg.method!r} has its own local loss or training loop"
