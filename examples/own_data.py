@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +55,9 @@ def news_csv(path: Path, rows: int = 2000) -> Path:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "own-data")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="own-data", help="folder to write them to")
+    out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     print(digit_images(out / "digits"))
     print(news_csv(out / "news.csv"))
