@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 
 from fedtune_app.config import ConfigError, RunConfig, register_derived, resolve
+from fedtune_app.data.fleet import fleet_keys
 from fedtune_app.data.groups import check_groups, num_groups
 from fedtune_app.data.scenarios import check_scenario
 from fedtune_app.data.splits import domain_list
@@ -39,6 +40,8 @@ def resolve_config(run_config: dict) -> RunConfig:
     known, clients, domains and partitioner agreeing, and what the method says of the run (its
     held-out data, its fixed model group): bad configuration stops here, before any training."""
     cfg = resolve(run_config)
+    if cfg.federation.fleet.strip():  # the method's own setting of the one fleet
+        cfg = resolve(run_config, fleet_keys(cfg, method_of(cfg)))
     domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))
     method = method_of(cfg)
