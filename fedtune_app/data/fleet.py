@@ -37,6 +37,8 @@ from fedtune_app.config import ConfigError, ModelConfig, RunConfig, parse_int_li
 # the keys a fleet sets: they follow from the fleet and the method, not from the scenario
 FLEET_KEYS = ("capacities", "ranks", "capacity-profile", "num-clients", "model", "model-args",
               "model-source", "model-groups", "model-group-assign", "model-group-capacities")
+# client keys that hold whatever the fleet replaces: a neutral setting to read the fleet with
+FLEET_NEUTRAL = {"capacity-profile": "list", "num-clients": 0, "ranks": ""}
 EXAMPLE = "fractions of the full model ('1.0,0.5,0.3') or blocks of its depth ('6,3,2')"
 
 
@@ -127,8 +129,7 @@ def fleet_keys(run: RunConfig, method) -> dict:
     full = full_model(run.model)
     depth, _ = architecture(full["model"], full["model-args"], seed)
     blocks = fleet_blocks(fed.fleet, depth, fed.fleet_rounding)
-    keys = {"capacities": ",".join(map(str, blocks)), "capacity-profile": "list",
-            "num-clients": 0, "ranks": ""}
+    keys = FLEET_NEUTRAL | {"capacities": ",".join(map(str, blocks))}
     kind = family(method, run)
     if kind == "model-group":
         thresholds = run.model.model_group_capacities.strip() or ",".join(map(str, (

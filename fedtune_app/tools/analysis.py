@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,9 +176,14 @@ def result_columns(record: dict) -> dict[str, float]:
         by_column: dict[str, list[float]] = {}
         for key, acc in groups.items():
             by_column.setdefault(key.split("/", 1)[1], []).append(acc)
-        groups = {k: float(np.mean(v)) for k, v in by_column.items()}
+        groups = {k: float(np.mean(by_column[k])) for k in sorted(by_column, key=natural)}
     return groups | {HEADLINE: float(record["accuracy"]),
                      OVERALL: float(record.get("accuracy-pooled", record["accuracy"]))}
+
+
+def natural(name: str) -> list:
+    """Sort key: client-2 before client-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def groups_table(runs: list[Run]) -> pd.DataFrame:
