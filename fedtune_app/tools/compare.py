@@ -125,9 +125,10 @@ def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: st
     if settings:
         md += ["Each method's setting of the fleet (clients in order):", ""]
         md += [f"- {method}: {setting}" for method, setting in settings.items()] + [""]
-    md += [f"- {method}: " + ", ".join(f"{k} {_cell([r['extras'][k] for r in rs])}"
-                                       for k in rs[0]["extras"])
-           for method, rs in runs.items() if rs[0]["extras"]]
+    extras = [f"- {method}: " + ", ".join(f"{k} {_cell([r['extras'][k] for r in rs])}"
+                                         for k in rs[0]["extras"])
+              for method, rs in runs.items() if rs[0]["extras"]]
+    md += ["Other accuracies the runs report:", ""] + extras if extras else []
     md += ["", f"Command: `{command}`"]
     (out / "compare.md").write_text("\n".join(md) + "\n")
 
