@@ -117,7 +117,8 @@ class ModelConfig(ConfigPart):
         "ratio of clients per model group, e.g. '3:3:2:2' (empty = equal shares)")
     model_group_capacities: str = config_key("", help=
         "smallest capacity each model group needs, ascending, comma separated (model-group-assign "
-        "= capacity)")
+        "= capacity; with a 'fleet': in blocks of the full model, empty = each group's parameters"
+        " as a share of the largest group's, the smallest group serving every client)")
     # parsed once, here: per model group its values of keys 'model', 'model-args' and
     # 'model-source' (empty: one model for every client), and how clients get their group
     groups: tuple[dict, ...] = field(init=False, repr=False, compare=False)
@@ -326,6 +327,20 @@ class FederationConfig(ConfigPart):
         "its number of examples (the papers' weighting by |D_i|)")
     capacities: str = config_key("6,5,4,3,2,2", help=
         "layers each client can hold, one per partition (comma separated)")
+    fleet: str = config_key("", help=
+        "the clients' devices, one capacity per client, as fractions of the full model ('1.0,0.5,"
+        "0.25') or as blocks of its depth ('6,3,2'; 'v*n' repeats); each method derives its own "
+        "setting from it (docs/usage.md, 'One fleet, every method'): blocks (depth methods), "
+        "LoRA ranks (rank methods), a model group (model-group methods); it replaces 'capacities',"
+        " 'ranks' and the model-group assignment; empty = those keys as given")
+    fleet_rounding: str = config_key("down", choices=("down", "nearest"), help=
+        "a fleet's capacity as whole blocks of the full model, and a rank method's rank from "
+        "those blocks: rounded down (never above the device's capacity) or to the nearest; at "
+        "least 1")
+    fleet_rank_methods: str = config_key("rank", choices=("rank", "depth"), help=
+        "how a rank method (hetlora, flexlora, flora, ...) spends a fleet capacity: every block at"
+        " a LoRA rank in proportion to it (rank: b blocks of D at rank lora-r train what D blocks "
+        "at rank b * lora-r / D train), or as a depth method (depth: its blocks at rank lora-r)")
     ranks: str = config_key("", help=
         "LoRA rank each client can hold, one per partition like 'capacities' ('8,8,4,4,2,2', "
         "'4*6'), or one value for all; empty = every client at 'lora-r', the largest rank "
@@ -711,8 +726,10 @@ def _merge(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str
     return merged, origin
 
 
-def resolve(run_config: Mapping[str, Any]) -> RunConfig:
-    """Library defaults (= pyproject's table) <- preset <- explicitly given keys, all checked
+def resolve(run_config: Mapping[str, Any],
+            derived: Mapping[str, Any] | None = None) -> RunConfig:
+    """Library defaults (= pyproject's table) <- preset <- explicitly given keys <- ``derived``
+    (keys worked out from the others, e.g. a fleet's setting for the method), all checked
     against the keys registered so far (use ``fedtune_app.methods.resolve_config``, which
     registers every method first).
 
@@ -720,6 +737,7 @@ def resolve(run_config: Mapping[str, Any]) -> RunConfig:
     counts as given when its value differs from pyproject's or 'preset-overrides' names it
     (`fedtune run` names every key its user gave beside a preset)."""
     merged, _ = _merge(run_config)
+    merged.update(derived or {})
     config = RunConfig.build({k: _coerce(k, v) for k, v in merged.items()})
     for check in CHECKS:
         check(config)

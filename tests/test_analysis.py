@@ -47,20 +47,23 @@ def table_runs(tmp_path):
 def test_paper_table_mean_std_best_competitor_and_deltas(table_runs):
     table = analysis.paper_table(analysis.load_runs(table_runs), proposed="fedra")
     fedra = table.mean.loc[("-", "fedra")]
-    # a: (80+90)/2; b: (60+70)/2; avg of groups per seed 70 and 80; overall (70+78)/2
-    assert fedra.to_dict() == pytest.approx({"a": 85.0, "b": 65.0, "avg": 75.0, "overall": 74.0})
+    # a: (80+90)/2; b: (60+70)/2; the headline is each run's own accuracy: (70+78)/2 (these
+    # records have no accuracy-pooled, so overall is the same), not the mean of a and b (75)
+    assert fedra.to_dict() == pytest.approx(
+        {"a": 85.0, "b": 65.0, "test accuracy": 74.0, "overall": 74.0})
     # sample std of two values x, y is |x - y| / sqrt(2)
     assert table.std.loc[("-", "fedra")].to_dict() == pytest.approx(
-        {"a": 10 / 2 ** 0.5, "b": 10 / 2 ** 0.5, "avg": 10 / 2 ** 0.5, "overall": 8 / 2 ** 0.5})
+        {"a": 10 / 2 ** 0.5, "b": 10 / 2 ** 0.5, "test accuracy": 8 / 2 ** 0.5,
+         "overall": 8 / 2 ** 0.5})
     assert table.seeds.loc[("-", "fedra"), "a"] == 2
     # best competitor per column, never the ceiling (all-large has a = 95):
-    # a: all-small 70 > 60; b: inclusivefl 68 > 66; avg: all-small 68 > 64; overall 69 > 64
+    # a: all-small 70 > 60; b: inclusivefl 68 > 66; headline and overall: all-small 69 > 64
     best = {col: table.best.index[table.best[col]].get_level_values("method").tolist()
             for col in table.best.columns}
-    assert best == {"a": ["all-small"], "b": ["inclusivefl"], "avg": ["all-small"],
+    assert best == {"a": ["all-small"], "b": ["inclusivefl"], "test accuracy": ["all-small"],
                     "overall": ["all-small"]}
     assert table.delta.loc[("-", "fedra")].to_dict() == pytest.approx(
-        {"a": 15.0, "b": -3.0, "avg": 7.0, "overall": 5.0})
+        {"a": 15.0, "b": -3.0, "test accuracy": 5.0, "overall": 5.0})
     assert table.delta.drop(("-", "fedra")).isna().all().all()
 
     cells = table.cells()
@@ -71,7 +74,8 @@ def test_paper_table_mean_std_best_competitor_and_deltas(table_runs):
 
     markdown = table.to_markdown()
     header, rule, *rows = markdown.splitlines()[:6]
-    assert [c.strip() for c in header.split("|")[1:-1]] == ["method", "a", "b", "avg", "overall"]
+    assert [c.strip() for c in header.split("|")[1:-1]] == \
+        ["method", "a", "b", "test accuracy", "overall"]
     assert rule.startswith("|------")
     assert any(r.startswith("| inclusivefl | 60.00") and "<u>68.00</u>" in r for r in rows)
 
@@ -86,7 +90,7 @@ def test_paper_table_csv_is_tidy_numbers(table_runs, tmp_path):
                                    "best", "delta"]
     row = frame[(frame.method == "fedra") & (frame.column == "overall")].iloc[0]
     assert (row["mean"], row["seeds"], row["delta"]) == (pytest.approx(74.0), 2, pytest.approx(5.0))
-    assert len(frame) == 4 * 4  # 4 methods x (a, b, avg, overall)
+    assert len(frame) == 4 * 4  # 4 methods x (a, b, test accuracy, overall)
 
 
 def test_without_the_proposed_method_there_are_no_deltas(table_runs):
@@ -241,3 +245,71 @@ def test_tsne_plot_of_a_real_run_and_all_plots_as_files(smoke_runs, tmp_path):
         "accuracy-per-group.png", "accuracy-per-round.png", "accuracy-vs-bytes.png",
         "allocation-all-small.png", "allocation-fedra.png", "layer-coverage.png"]
     assert all(p.stat().st_size > 10_000 for p in files)
+
+
+def write_results(root, name, config, record, clients):
+    """A results folder as ResultsWriter writes it: config.json and a one-round metrics.json."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"run-config": BASE | config,
+                                                    "clients": clients}))
+    (folder / "metrics.json").write_text(json.dumps([{"round": 1, "bytes-down": 100,
+                                                      "bytes-up": 60, "seconds": 1.0} | record]))
+    return folder
+
+
+CLIENTS = [{"partition_id": p, "group": f"client-{p}", "capacity": c, "label_counts": [1, 1]}
+           for p, c in enumerate([3, 2, 1, 1])]
+
+
+def test_compare_and_analyze_show_the_same_headline_under_the_same_name(tmp_path):
+    from fedtune_app.tools import compare
+
+    # a HeteroTune run as GroupedEvaluator records it: client 0 runs the large model (group 1),
+    # the others the small one; accuracy = mean over the model groups (80 + 87.5) / 2 = 83.75,
+    # while the mean over the clients' columns is (85 + 90 + 95 + 95) / 4 = 91.25
+    heterotune = write_results(tmp_path, "heterotune", {"method": "heterotune"}, {
+        "accuracy": 0.8375, "accuracy-pooled": 0.83,
+        "accuracy-per-model-group": {"0": 0.80, "1": 0.875},
+        "accuracy-smallest": 0.80, "accuracy-largest": 0.875,
+        "accuracy-per-group": {"0/client-1": 0.90, "0/client-2": 0.95, "0/client-3": 0.95,
+                               "1/client-0": 0.85}}, CLIENTS)
+    # a depth run without domains: its headline is its accuracy over all test examples
+    fedra = write_results(tmp_path, "fedra", {}, {
+        "accuracy": 0.70, "accuracy-pooled": 0.70,
+        "accuracy-per-group": {f"client-{p}": a for p, a in enumerate([0.6, 0.7, 0.8, 0.9])}},
+        CLIENTS)
+    rows = [compare.summarize("heterotune", heterotune), compare.summarize("fedra", fedra)]
+    compare.write_table(rows, compare.group_labels(fedra), tmp_path, "test")
+    header, _, *lines = (tmp_path / "compare.md").read_text().splitlines()[:4]
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "method", "client-0 (L=3)", "client-1 (L=2)", "client-2 (L=1)", "client-3 (L=1)",
+        "test accuracy", "overall"]
+    assert lines[0] == "| heterotune | 85.00 | 90.00 | 95.00 | 95.00 | 83.75 | 83.00 |"
+    assert lines[1] == "| fedra | 60.00 | 70.00 | 80.00 | 90.00 | 70.00 | 70.00 |"
+
+    table = analysis.paper_table(analysis.load_runs(tmp_path / "heterotune", tmp_path / "fedra"),
+                                 proposed=None)
+    assert table.mean.loc[("-", "heterotune"), "test accuracy"] == pytest.approx(83.75)
+    assert table.mean.loc[("-", "fedra"), "test accuracy"] == pytest.approx(70.0)
+    # the group run's clients are the same columns as the depth run's: no "0/client-1"
+    assert list(table.mean.columns) == ["client-0", "client-1", "client-2", "client-3",
+                                        "test accuracy", "overall"]
+    assert table.mean.loc[("-", "heterotune"), "client-0"] == pytest.approx(85.0)
+
+
+def test_analyze_shows_only_the_columns_that_have_values(tmp_path):
+    # two scenarios (dirichlet-alpha differs): domains a, b in one, domain c in the other
+    make_run(tmp_path, "x", (0.5, {"a": 0.4, "b": 0.6}))
+    make_run(tmp_path, "y", (0.7, {"c": 0.7}), {"dirichlet-alpha": 0.1})
+    table = analysis.paper_table(analysis.load_runs(tmp_path), proposed=None)
+    assert table.mean.shape[1] == 5  # a, b, c, test accuracy, overall over both scenarios
+    headers = [line for line in table.to_markdown().splitlines() if line.startswith("| method")]
+    assert [[c.strip() for c in h.split("|")[1:-1]] for h in headers] == [
+        ["method", "a", "b", "test accuracy", "overall"],
+        ["method", "c", "test accuracy", "overall"]]
+    assert "| - " not in table.to_markdown() and " - |" not in table.to_markdown()
+    long = table.long()  # the CSV: no row for a column the scenario does not have
+    assert sorted(zip(long["scenario"], long["column"])) == sorted(
+        [("dirichlet-alpha=0.5", c) for c in ("a", "b", "test accuracy", "overall")]
+        + [("dirichlet-alpha=0.1", c) for c in ("c", "test accuracy", "overall")])

@@ -2,10 +2,12 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
 from fedtune_app.config import ConfigError
+from fedtune_app.tools import analysis
 from fedtune_app.tools.compare import compare
 
 
@@ -27,8 +29,8 @@ def test_table_rows_are_the_runs_last_evaluations(tmp_path):
                            "metrics.json").read_text())[-1]
         groups = last["accuracy-per-group"]
         assert float(line["client-1 (L=2)"]) == pytest.approx(100 * groups["client-1"], abs=0.005)
-        assert float(line["average"]) == pytest.approx(100 * sum(groups.values()) / 3, abs=0.005)
-        assert float(line["overall"]) == pytest.approx(100 * last["accuracy"], abs=0.005)
+        assert float(line["test accuracy"]) == pytest.approx(100 * last["accuracy"], abs=0.005)
+        assert float(line["overall"]) == pytest.approx(100 * last["accuracy-pooled"], abs=0.005)
     # both runs used the same split: the same label counts per client
     configs = [json.loads((tmp_path / "runs" / r["folder"].split("/")[-1] / "config.json")
                           .read_text())["clients"] for r in rows]
@@ -61,3 +63,49 @@ def test_repeated_seeds_are_refused_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match="--seeds"):
         compare(["all-small"], {"preset": "smoke"}, tmp_path / "out", seeds=[1, 1])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_preset_that_sets_the_method_is_refused_before_any_run(tmp_path):
+    # smoke-groups sets method = homo; fedra is pyproject's own value, which a preset overrides:
+    # without the check the "fedra" row would silently be a homo run
+    with pytest.raises(ConfigError, match="--methods fedra: preset 'smoke-groups' sets method "
+                                          "= 'homo'"):
+        compare(["fedra"], {"preset": "smoke-groups"}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_fleet_runs_depth_rank_and_model_group_methods_in_one_table(tmp_path):
+    """FedRA, HetLoRA and HeteroTune over preset smoke-fleet's 4 devices (3, 2, 1, 1 blocks of
+    the larger of two tiny ViTs), one round each: one table, the headline compare and analyze
+    agree on."""
+    fleet = {"preset": "smoke-fleet", "num-server-rounds": 1}
+    rows = compare(["fedra", "hetlora", "heterotune"], fleet, tmp_path, command="test")
+    with (tmp_path / "compare.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["method"] for r in table] == ["fedra", "hetlora", "heterotune"]
+    assert list(table[0])[1:7] == [f"client-{i} (capacity {c})" for i, c in
+                                   enumerate([3, 2, 1, 1])] + ["test accuracy", "overall"]
+    configs = [json.loads((Path(r["folder"]) / "config.json").read_text()) for r in rows]
+    keys = [c["run-config"] for c in configs]
+    # each method's own setting of the fleet (the hand-worked numbers: tests/test_fleet.py)
+    assert [(k["capacities"], k["ranks"]) for k in keys[:2]] == [("3,2,1,1", ""),
+                                                                ("3,3,3,3", "8,5,2,2")]
+    assert (keys[2]["model-group-assign"], keys[2]["model-group-capacities"]) == ("capacity",
+                                                                                   "1,3")
+    assert [c["model_group"] for c in configs[2]["clients"]] == [1, 0, 0, 0]
+    # the same clients: the same partitions, label counts and all
+    assert len({json.dumps([c["label_counts"] for c in cfg["clients"]]) for cfg in configs}) == 1
+    md = (tmp_path / "compare.md").read_text()
+    assert "- hetlora: LoRA rank 8, 5, 2, 2 in all 3 blocks" in md
+    assert "- heterotune: model group 1, 0, 0, 0 (0 = smallest)" in md
+    # one headline: the run's own accuracy, in compare and in analyze, one scenario
+    paper = analysis.paper_table(analysis.load_runs(tmp_path / "runs"), proposed=None)
+    assert paper.mean.index.get_level_values("scenario").unique().tolist() == ["-"]
+    for row, line in zip(rows, table):
+        last = analysis.last_evaluated(json.loads(
+            (Path(row["folder"]) / "metrics.json").read_text()))
+        assert float(line["test accuracy"]) == pytest.approx(100 * last["accuracy"], abs=0.005)
+        assert paper.mean.loc[("-", row["method"]), "test accuracy"] == pytest.approx(
+            100 * last["accuracy"], rel=1e-12)
+    assert list(paper.mean.columns) == [f"client-{i}" for i in range(4)] + ["test accuracy",
+                                                                           "overall"]

@@ -159,7 +159,7 @@ def test_client_runtime_keeps_one_model_per_group():
     assert len(ref.blocks) == models[1].num_blocks == 3
 
 
-def test_compare_reports_smallest_largest_and_average_for_model_groups(tmp_path):
+def test_compare_reports_the_mean_over_model_groups_and_each_client_of_its_group(tmp_path):
     import csv
 
     from fedtune_app.tools.compare import compare
@@ -167,11 +167,18 @@ def test_compare_reports_smallest_largest_and_average_for_model_groups(tmp_path)
     rows = compare(["homo", "all-small"], TWO_GROUPS, tmp_path, command="test")
     with (tmp_path / "compare.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert list(table[0])[1:5] == ["smallest model", "largest model", "average", "overall"]
+    assert list(table[0])[1:7] == [f"client-{i} (L=1)" for i in range(4)] + [
+        "test accuracy", "overall"]
     for row, line in zip(rows, table):
         last = json.loads((Path(row["folder"]) / "metrics.json").read_text())[-1]
         per = last["accuracy-per-model-group"]
-        assert float(line["smallest model"]) == pytest.approx(100 * per["0"], abs=0.005)
-        assert float(line["largest model"]) == pytest.approx(100 * per[max(per)], abs=0.005)
-        assert float(line["average"]) == pytest.approx(100 * np.mean(list(per.values())),
-                                                       abs=0.005)
+        # the headline: the mean over the groups' models (HeteroTune's Avg)
+        assert float(line["test accuracy"]) == pytest.approx(
+            100 * np.mean(list(per.values())), abs=0.005)
+        # a client's column: its group's model, re-weighted to the client's labels
+        for key, acc in last["accuracy-per-group"].items():
+            column = f"{key.split('/')[1]} (L=1)"
+            assert float(line[column]) == pytest.approx(100 * acc, abs=0.005)
+        extras = json.loads(line["extras"])
+        assert extras["accuracy-smallest"] == per["0"]
+        assert extras["accuracy-largest"] == per[max(per)]

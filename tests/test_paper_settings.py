@@ -270,13 +270,14 @@ def test_headline_accuracy_is_the_mean_over_domains():
     assert evaluator.headline(correct) == pytest.approx(0.5)  # no domains: all test examples
 
 
-def test_compare_reports_headline_average_and_pooled_overall(tmp_path):
+def test_compare_reports_the_headline_and_the_pooled_overall(tmp_path):
     record = {"round": 3, "accuracy": 0.625, "accuracy-pooled": 0.5,
               "accuracy-per-group": {"small": 1.0, "large": 0.25}}
     (tmp_path / "metrics.json").write_text(json.dumps([record]))
     (tmp_path / "config.json").write_text(json.dumps({"run-config": {"seed": 0}}))
     row = summarize("fedra", tmp_path)
-    assert row["average"] == 0.625 and row["accuracy"] == 0.5
+    assert row["columns"] == {"small": 1.0, "large": 0.25, "test accuracy": 0.625,
+                              "overall": 0.5}
     assert "accuracy-pooled" not in row["extras"]
 
 

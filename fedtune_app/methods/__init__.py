@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 
 from fedtune_app.config import ConfigError, RunConfig, register_derived, resolve
+from fedtune_app.data.fleet import FLEET_NEUTRAL, fleet_keys
 from fedtune_app.data.groups import check_groups, num_groups
 from fedtune_app.data.scenarios import check_scenario
 from fedtune_app.data.splits import domain_list
@@ -38,7 +39,10 @@ def resolve_config(run_config: dict) -> RunConfig:
     """The run config, every key checked (``config.resolve``), every method's keys and rules
     known, clients, domains and partitioner agreeing, and what the method says of the run (its
     held-out data, its fixed model group): bad configuration stops here, before any training."""
-    cfg = resolve(run_config)
+    # a fleet replaces the clients' keys: read it without them, then give the method its setting
+    probe = resolve(run_config, FLEET_NEUTRAL)
+    fleet = probe.federation.fleet.strip()
+    cfg = resolve(run_config, fleet_keys(probe, method_of(probe)) if fleet else None)
     domains = domain_list(cfg.data)
     check_scenario(cfg, None if domains is None else len(domains))
     method = method_of(cfg)

@@ -8,8 +8,10 @@
 
 Runs are grouped by ``method`` and ``scenario``; seeds are repetitions. The scenario of a run is
 the run-config keys that differ between the loaded runs (everything but the method, the seed
-and keys that do not change results, such as ``results-dir``), e.g. ``dirichlet-alpha=0.1``.
-Accuracies in tables are percentages; std is the sample std over seeds (ddof=1).
+and keys that do not change results, such as ``results-dir``), e.g. ``dirichlet-alpha=0.1``;
+runs over one ``fleet`` leave out the keys it sets for each method (``data.fleet``). Accuracies in
+tables are percentages; std is the sample std over seeds (ddof=1). The headline column
+(``HEADLINE``) is the one ``fedtune compare`` shows, from the same function (``result_columns``).
 
 Command line (no Jupyter needed):
     python -m fedtune_app.tools.analysis compare results/ [--proposed fedra] [--csv t.csv] \
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from fedtune_app.config import KEYS
+from fedtune_app.data.fleet import FLEET_KEYS
 
 # Run-config keys that never make two runs incomparable.
 NOT_SCENARIO = ("method", "seed", "results-dir", "preset", "device", "round-timeout",
@@ -103,9 +107,11 @@ def _describe(config: dict, keys) -> str:
 def label_runs(runs: list[Run], method_keys=()) -> None:
     """Set each run's ``method`` and ``scenario`` labels from the keys that vary between runs."""
     all_keys = sorted({k for r in runs for k in r.config})
+    # runs over one fleet: the keys it sets are each method's own setting, not a scenario
+    derived = FLEET_KEYS if all(r.config.get("fleet") for r in runs) else ()
     variant = _varying(runs, [k for k in all_keys if k in method_keys])
-    scenario = _varying(runs, [k for k in all_keys
-                               if k not in NOT_SCENARIO and k not in method_keys])
+    scenario = _varying(runs, [k for k in all_keys if k not in NOT_SCENARIO
+                               and k not in method_keys and k not in derived])
     for r in runs:
         r.method = r.config["method"] + (f"[{_describe(r.config, variant)}]" if variant else "")
         r.scenario = _describe(r.config, scenario) or "-"
@@ -140,28 +146,56 @@ def _num(value) -> float:
 
 def final_record(run: Run) -> dict:
     """The last evaluated round's metrics record."""
-    evaluated = [m for m in run.metrics if m.get("accuracy") is not None]
+    return last_evaluated(run.metrics, run.folder)
+
+
+def last_evaluated(metrics: list[dict], folder="") -> dict:
+    """The last record of a metrics.json list that has an accuracy."""
+    evaluated = [m for m in metrics if m.get("accuracy") is not None]
     if not evaluated:
-        raise ValueError(f"run {run.folder} has no evaluated round yet")
+        raise ValueError(f"run {folder} has no evaluated round yet")
     return evaluated[-1]
 
 
+# The headline of every table (``fedtune compare`` and ``fedtune analyze compare``): the run's
+# own ``accuracy``, as its evaluator defines it for every method alike.
+HEADLINE = "test accuracy"
+OVERALL = "overall"
+HEADLINE_NOTE = (f"{HEADLINE} = the global model's accuracy on the test set (the mean over its "
+                 "domains where it has them, as the papers' Average); with model groups the "
+                 "mean over the groups' global models (HeteroTune's Avg); "
+                 f"{OVERALL} = accuracy over all test examples (with model groups: their mean)")
+
+
+def result_columns(record: dict) -> dict[str, float]:
+    """A metrics record's table columns: accuracy per domain or per client (a client's column:
+    the accuracy of the global model it runs, re-weighted to its label distribution; with model
+    groups a domain's is the mean over the groups), then the headline and ``overall``."""
+    groups = record.get("accuracy-per-group") or {}
+    if "accuracy-per-model-group" in record:  # keys "<group>/<domain or client>"
+        by_column: dict[str, list[float]] = {}
+        for key, acc in groups.items():
+            by_column.setdefault(key.split("/", 1)[1], []).append(acc)
+        groups = {k: float(np.mean(by_column[k])) for k in sorted(by_column, key=natural)}
+    return groups | {HEADLINE: float(record["accuracy"]),
+                     OVERALL: float(record.get("accuracy-pooled", record["accuracy"]))}
+
+
+def natural(name: str) -> list:
+    """Sort key: client-2 before client-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
 def groups_table(runs: list[Run]) -> pd.DataFrame:
-    """One row per (run, group) at the run's last evaluated round: the global model's accuracy
-    per domain / per client group, plus ``avg`` (mean over the groups, as the papers' "Avg")
-    and ``overall`` (accuracy over all test examples; ``accuracy`` of runs older than the
-    ``accuracy-pooled`` record)."""
+    """One row per (run, column) at the run's last evaluated round: the global model's accuracy
+    per domain / per client (``result_columns``), the headline (``HEADLINE``) and ``overall``
+    (accuracy over all test examples; ``accuracy`` of runs older than the ``accuracy-pooled``
+    record)."""
     rows = []
     for run in runs:
         record = final_record(run)
-        groups = record.get("accuracy-per-group") or {}
-        for group, acc in groups.items():
+        for group, acc in result_columns(record).items():
             rows.append(_ids(run) | {"round": record["round"], "group": group, "accuracy": acc})
-        if groups:
-            rows.append(_ids(run) | {"round": record["round"], "group": "avg",
-                                     "accuracy": float(np.mean(list(groups.values())))})
-        rows.append(_ids(run) | {"round": record["round"], "group": "overall",
-                                 "accuracy": record.get("accuracy-pooled", record["accuracy"])})
     return pd.DataFrame(rows, columns=["scenario", "method", "seed", "run", "round", "group",
                                        "accuracy"])
 
@@ -195,12 +229,13 @@ def over_seeds(frame: pd.DataFrame, by: list[str], value: str = "accuracy") -> p
 # -- the paper-style table -----------------------------------------------------------------
 @dataclass
 class PaperTable:
-    """Accuracy (%) per (scenario, method) and column (groups, avg, overall), mean over seeds.
+    """Accuracy (%) per (scenario, method) and column (groups, headline, overall), mean over
+    seeds; a scenario's table shows only the columns that have values.
 
     ``best`` marks, per scenario and column, the best method that is neither the proposed one
     nor a ceiling; ``delta`` is proposed minus that best (FedRA Table 1's parentheses)."""
 
-    mean: pd.DataFrame  # index (scenario, method), columns: groups..., avg, overall
+    mean: pd.DataFrame  # index (scenario, method), columns: groups..., HEADLINE, OVERALL
     std: pd.DataFrame
     seeds: pd.DataFrame
     best: pd.DataFrame  # bool
@@ -233,13 +268,14 @@ class PaperTable:
         scenarios = cells.index.get_level_values("scenario").unique()
         lines = []
         for scenario in scenarios:
-            part = cells.xs(scenario, level="scenario")
+            filled = self.mean.xs(scenario, level="scenario").notna().any()
+            part = cells.xs(scenario, level="scenario").loc[:, filled]  # no column of only "-"
             if len(scenarios) > 1 or scenario != "-":
                 lines += [f"**{scenario}**", ""]
             lines += markdown_table(["method"] + list(part.columns),
                                     [[m] + list(row) for m, row in part.iterrows()])
             lines.append("")
-        legend = "accuracy of the global model (%), mean over seeds ± std"
+        legend = f"accuracy (%), mean over seeds ± std; {HEADLINE_NOTE}"
         if self.best.values.any():
             others = [self.proposed] if self.proposed else []
             legend += f"; {mark.format('marked')}: best method other than " + \
@@ -258,7 +294,7 @@ class PaperTable:
         frame = pd.concat({k: v.stack(future_stack=True) for k, v in parts.items()}, axis=1)
         frame["seeds"] = frame["seeds"].fillna(0).astype(int)
         frame.index = frame.index.set_names(["scenario", "method", "column"])
-        return frame.reset_index()
+        return frame[frame["mean"].notna()].reset_index()
 
 
 def ceiling_methods() -> tuple[str, ...]:
@@ -274,9 +310,8 @@ def paper_table(runs: list[Run], proposed: str | None = DEFAULT_PROPOSED,
     ceilings = ceiling_methods() if ceilings is None else ceilings
     groups = groups_table(runs)
     stats = over_seeds(groups, ["scenario", "method", "group"])
-    order = list(dict.fromkeys(groups["group"]))  # first run's groups first, avg and overall last
-    order = [g for g in order if g not in ("avg", "overall")] + \
-        [g for g in ("avg", "overall") if g in order]
+    order = list(dict.fromkeys(groups["group"]))  # first run's groups first, headline last
+    order = [g for g in order if g not in (HEADLINE, OVERALL)] + [HEADLINE, OVERALL]
     stats["seeds"] = stats["seeds"].astype(float)
     wide = {k: stats.pivot_table(index=["scenario", "method"], columns="group", values=k,
                                  sort=False, dropna=False).reindex(columns=order)
@@ -460,7 +495,7 @@ def plot_group_accuracy(groups: pd.DataFrame, path=None):
                width, yerr=spread, label=label, capsize=2)
     ax.set_xticks(np.arange(len(cols)), cols, rotation=30 if len(cols) > 6 else 0)
     ax.set_ylabel("global test accuracy (%)")
-    ax.set_title("final accuracy per group (avg = mean of groups)")
+    ax.set_title(f"final accuracy per group, {HEADLINE} and {OVERALL}")
     ax.grid(axis="y", alpha=0.3)
     _legend(ax)
     return _finish(fig, path)

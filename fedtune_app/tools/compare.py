@@ -5,7 +5,11 @@
 
 ``--run-config`` takes what ``flwr run . --run-config`` takes (``"key=value ..."`` or a TOML
 file); every method gets exactly these keys plus its own ``method``, so the split (fixed split
-seed + ``seed``), the capacities and the seed are the same for all. ``--seeds`` runs every method
+seed + ``seed``), the capacities and the seed are the same for all. With key ``fleet`` (the
+clients' capacities) depth, rank and model-group methods share one comparison: each derives
+its own blocks, ranks or model groups from the same devices (``fedtune_app.data.fleet``), and
+compare.md lists what each got. The table's headline column is ``analysis.HEADLINE``, the same
+number ``fedtune analyze compare`` shows. ``--seeds`` runs every method
 once per seed (the key ``seed``: allocation, sampling, partitions, initial adapters); the table
 then shows mean ± sample std over the seeds, the CSV one row per run. Each method runs in this
 process: the real ServerApp logic (``run_federation``) and the real ClientApp, over an
@@ -28,8 +32,16 @@ import numpy as np
 
 from fedtune_app.apps.inprocess import progress, run_inprocess
 from fedtune_app.config import ConfigError, parse_int_list, setup_logging
+from fedtune_app.data.fleet import describe, parse_fleet
 from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import METHODS, resolve_config
+from fedtune_app.tools.analysis import (
+    HEADLINE,
+    HEADLINE_NOTE,
+    OVERALL,
+    last_evaluated,
+    result_columns,
+)
 
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
@@ -38,30 +50,28 @@ def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
 
 
 def summarize(method: str, folder: Path) -> dict:
-    """The last evaluated round of a run: the headline accuracy, per-group accuracy, their
-    mean, and the accuracy over all test examples (``overall``)."""
-    metrics = [m for m in json.loads((folder / "metrics.json").read_text())
-               if m["accuracy"] is not None]
-    last = metrics[-1]
-    groups = last["accuracy-per-group"]
-    average = sum(groups.values()) / len(groups)
-    if "accuracy-per-model-group" in last:  # model groups: HeteroTune's Smallest/Largest/Avg
-        groups = {k: last[f"accuracy-{k}"] for k in ("smallest", "largest")}
-        average = last["accuracy"]
-    shown = ("accuracy-smallest", "accuracy-largest", "accuracy-pooled")  # columns already
+    """The last evaluated round of a run: its table columns (``analysis.result_columns``: per
+    domain or client, the headline, overall), the other accuracies it reports and its curve."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    last = last_evaluated(metrics, folder)
     extras = {k: v for k, v in last.items() if k.startswith("accuracy-")
-              and isinstance(v, (int, float)) and k not in shown}
+              and isinstance(v, (int, float)) and k != "accuracy-pooled"}  # pooled: a column
     seed = json.loads((folder / "config.json").read_text())["run-config"]["seed"]
-    return {"method": method, "seed": seed, "round": last["round"], "groups": groups,
-            "average": average, "accuracy": last.get("accuracy-pooled", last["accuracy"]),
-            "extras": extras, "curve": [(m["round"], m["accuracy"]) for m in metrics],
+    return {"method": method, "seed": seed, "round": last["round"],
+            "columns": result_columns(last), "extras": extras,
+            "curve": [(m["round"], m["accuracy"]) for m in metrics if m["accuracy"] is not None],
             "folder": str(folder)}
 
 
 def group_labels(folder: Path) -> dict[str, str]:
+    """Column -> its header: a client's or domain's with its capacity (over a fleet: the
+    fleet's entry, which every method of the comparison shares)."""
     config = json.loads((folder / "config.json").read_text())
-    if config["run-config"].get("model-groups"):
-        return {"smallest": "smallest model", "largest": "largest model"}
+    fleet = config["run-config"].get("fleet", "")
+    if fleet:
+        entries = parse_fleet(fleet)[0]
+        return {c["group"]: f"{c['group']} (capacity {entries[c['partition_id']]})"
+                for c in config["clients"]}
     return {c["group"]: f"{c['group']} (L={c['capacity']})" for c in config["clients"]}
 
 
@@ -71,7 +81,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float | None]) -> str:
+    if any(v is None for v in values):  # a column this method's runs do not have
+        return "-"
     mean, std = _mean_std([100 * v for v in values])
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
 
@@ -84,36 +96,39 @@ def by_method(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: str) -> None:
-    groups = list(labels)
-    header = ["method"] + [labels[g] for g in groups] + ["average", "overall"]
+def write_table(rows: list[dict], labels: dict[str, str], out: Path, command: str,
+                settings: dict[str, str] | None = None) -> None:
+    """compare.csv (one row per run), compare.md (one row per method); ``settings``: what each
+    method made of the fleet."""
+    columns = [c for c in dict.fromkeys(c for r in rows for c in r["columns"])
+               if c not in (HEADLINE, OVERALL)] + [HEADLINE, OVERALL]
+    header = ["method"] + [labels.get(c, c) for c in columns]
     with (out / "compare.csv").open("w", newline="") as f:  # one row per run
         writer = csv.writer(f)
         writer.writerow(header + ["round", "seed", "extras"])
         for r in rows:
-            writer.writerow([r["method"]] + [f"{100 * r['groups'][g]:.2f}" for g in groups]
-                            + [f"{100 * r['average']:.2f}", f"{100 * r['accuracy']:.2f}",
-                               r["round"], r["seed"], json.dumps(r["extras"])])
+            writer.writerow([r["method"]] + [f"{100 * r['columns'][c]:.2f}"
+                                             if c in r["columns"] else "" for c in columns]
+                            + [r["round"], r["seed"], json.dumps(r["extras"])])
     runs = by_method(rows)
-    table = [[method] + [_cell([r["groups"][g] for r in rs]) for g in groups]
-             + [_cell([r["average"] for r in rs]), _cell([r["accuracy"] for r in rs])]
+    table = [[method] + [_cell([r["columns"].get(c) for r in rs]) for c in columns]
              for method, rs in runs.items()]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(line) + " |" for line in table]
-    note = ("smallest / largest model = test accuracy of the smallest / largest model group's "
-            "global model; average = mean over the model groups (HeteroTune's Avg, the "
-            "headline); overall = mean of their accuracies over all test examples"
-            if "smallest" in labels else "a domain's column is the accuracy on that domain's test "
-            "examples, a client's column (data without domains) the test accuracy re-weighted to "
-            "its label distribution; average = mean over the columns (the papers' headline when "
-            "they are domains); overall = accuracy over all test examples")
+    note = ("a domain's column is the accuracy on that domain's test examples, a client's column "
+            "the test accuracy of the global model it runs, re-weighted to its label "
+            f"distribution; {HEADLINE_NOTE}")
     seeds = sorted({r["seed"] for r in rows})
     over = (f"mean ± sample std over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1
             else f"seed {seeds[0]}")
     md += ["", f"Test accuracy (%) of the global model after the last round ({over}); {note}.", ""]
-    md += [f"- {method}: " + ", ".join(f"{k} {_cell([r['extras'][k] for r in rs])}"
-                                       for k in rs[0]["extras"])
-           for method, rs in runs.items() if rs[0]["extras"]]
+    if settings:
+        md += ["Each method's setting of the fleet (clients in order):", ""]
+        md += [f"- {method}: {setting}" for method, setting in settings.items()] + [""]
+    extras = [f"- {method}: " + ", ".join(f"{k} {_cell([r['extras'][k] for r in rs])}"
+                                         for k in rs[0]["extras"])
+              for method, rs in runs.items() if rs[0]["extras"]]
+    md += ["Other accuracies the runs report:", ""] + extras if extras else []
     md += ["", f"Command: `{command}`"]
     (out / "compare.md").write_text("\n".join(md) + "\n")
 
@@ -150,8 +165,15 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
         if m not in METHODS:
             raise ConfigError(f"--methods: {m!r} is not an available method; allowed: "
                               f"{', '.join(METHODS)}")
+    settings = {}
     for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
-        resolve_config(dict(run_config) | {"method": method})
+        cfg = resolve_config(dict(run_config) | {"method": method})
+        if cfg.method != method:  # pyproject's value beside a preset that sets another
+            raise ConfigError(f"--methods {method}: preset {cfg.preset!r} sets method = "
+                              f"{cfg.method!r}, which a method given as pyproject's own value "
+                              "cannot override; take a preset without a method")
+        if cfg.federation.fleet.strip():
+            settings[method] = describe(cfg)
     if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0):
         raise ConfigError(f"--seeds {seeds}: expected distinct non-negative integers, e.g. 0,1,2")
     configs = [dict(run_config)] if seeds is None else \
@@ -163,9 +185,9 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
             for config in configs:
                 folder = run_method(method, config, out / "runs")
                 rows.append(summarize(method, folder))
-                labels = labels or group_labels(folder)
+                labels = group_labels(folder) | labels
                 # after each run: a stopped comparison keeps its rows
-                write_table(rows, labels, out, command)
+                write_table(rows, labels, out, command, settings)
                 plot(rows, out / "compare.png")
     return rows
 
