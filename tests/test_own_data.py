@@ -143,3 +143,39 @@ def test_the_settings_line_says_where_each_non_default_came_from(tmp_path):
 def test_bad_own_data_is_one_clear_error(tmp_path, make, keys, message):
     with pytest.raises(ConfigError, match=message):
         run_splits(own(make(tmp_path), **keys))
+
+
+@pytest.mark.parametrize("kind", ["images", "texts"])
+def test_own_data_journey_two_methods_one_table(tmp_path, kind):
+    """A user's own image set / CSV of texts, string labels, two methods for one round through
+    `fedtune compare` (in process): every client trains on its share of ALL the data, and
+    compare and analyze give the same headline, the run's own test accuracy."""
+    import csv as csv_module
+    from pathlib import Path
+
+    from fedtune_app.tools import analysis
+    from fedtune_app.tools.compare import compare
+
+    if kind == "images":
+        keys = MIXER | {"hf-dataset": str(image_set(tmp_path / "imgs", 20)),
+                        "capacities": "4,2,1", "lr": 0.2}
+        train = 48  # 60 images, 12 of them (4 a class) the drawn test set
+    else:
+        keys = {"hf-dataset": str(write_csv(tmp_path / "notes.csv", texts(10))),
+                "capacities": "2,1", "max-length": 16}
+        train = 24
+    keys |= {"dataset": "hf", "num-server-rounds": 1, "partitioner": "iid"}
+    rows = compare(["fedra", "all-small"], keys, tmp_path / "cmp", command="test")
+    with (tmp_path / "cmp" / "compare.csv").open() as f:
+        table = {r["method"]: r for r in csv_module.DictReader(f)}
+    paper = analysis.paper_table(analysis.load_runs(tmp_path / "cmp" / "runs"), proposed=None)
+    for row in rows:
+        metrics = json.loads((Path(row["folder"]) / "metrics.json").read_text())
+        assert sum(c["num-examples"] for c in metrics[-1]["client-metrics"].values()) == train
+        headline = 100 * analysis.last_evaluated(metrics)["accuracy"]
+        assert float(table[row["method"]]["test accuracy"]) == pytest.approx(headline, abs=0.005)
+        assert paper.mean.loc[("-", row["method"]), "test accuracy"] == pytest.approx(
+            headline, rel=1e-12)
+    # the string labels' names, kept for exports and plots
+    config = json.loads((Path(rows[0]["folder"]) / "config.json").read_text())
+    assert config["class-names"] == CLASSES
