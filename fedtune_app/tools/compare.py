@@ -30,6 +30,7 @@ from fedtune_app.apps.inprocess import progress, run_inprocess
 from fedtune_app.config import ConfigError, parse_int_list, setup_logging
 from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import METHODS, resolve_config
+from fedtune_app.tools.preflight import preflight
 
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
@@ -151,7 +152,7 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
             raise ConfigError(f"--methods: {m!r} is not an available method; allowed: "
                               f"{', '.join(METHODS)}")
     for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
-        resolve_config(dict(run_config) | {"method": method})
+        preflight(resolve_config(dict(run_config) | {"method": method}))
     if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0):
         raise ConfigError(f"--seeds {seeds}: expected distinct non-negative integers, e.g. 0,1,2")
     configs = [dict(run_config)] if seeds is None else \
@@ -185,7 +186,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     setup_logging()
     run_config = parse_config_args([args.run_config] if args.run_config else None)
-    command = f"python -m fedtune_app.tools.compare --methods {args.methods}" + (
+    command = f"fedtune compare --methods {args.methods}" + (
         f" --run-config {shell_quote(args.run_config)}" if args.run_config else "") + (
         f" --seeds {args.seeds}" if args.seeds else "")
     seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None
