@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fedtune_app.config import ConfigError
 from fedtune_app.tools.pyproject_keys import toml_value
-from fedtune_app.tools.run_view import quiet, tail
+from fedtune_app.tools.run_view import QuietView, tail
 from fedtune_app.tools.startup import STARTED, StartupWatch
 
 # tool name -> (module, one-line help); modules are imported only when their command runs
@@ -158,7 +158,6 @@ def run(args) -> int:
     print(what_runs(cfg))
     print(f"fedtune run: starting Flower's simulation (Ray starts the nodes: about 30 s); full "
           f"log: {log_path}{'' if args.verbose else ' (or --verbose)'}", flush=True)
-    view = (lambda line: True) if args.verbose else quiet
     seen = FlwrRun()  # the attempt streaming now
     caught: list[int] = []  # the signal that stopped us
     streaming = [False]
@@ -177,6 +176,7 @@ def run(args) -> int:
             streaming[0] = True  # a signal from here on ends in the clean-up below
             for again in (True, False):
                 seen, watch = FlwrRun(), StartupWatch()
+                view = (lambda line: True) if args.verbose else QuietView()
                 stream(command, env, log, seen, watch, view)
                 if not watch.failed:
                     break
