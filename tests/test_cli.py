@@ -232,3 +232,12 @@ def test_every_command_keeps_the_hub_offline_unless_the_caller_says(monkeypatch,
             monkeypatch.setenv("HF_HUB_OFFLINE", given)
         assert main(["stop", "--flwr-home", str(tmp_path)]) == 0
         assert os.environ["HF_HUB_OFFLINE"] == kept
+
+
+def test_compare_md_records_the_fedtune_command_the_user_typed(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--methods", "all-small", "--run-config",
+                 'preset="smoke" num-server-rounds=1', "--out", str(out)]) == 0
+    assert (out / "compare.md").read_text().splitlines()[-1] == (
+        "Command: `fedtune compare --methods all-small --run-config "
+        "'preset=\"smoke\" num-server-rounds=1'`")
