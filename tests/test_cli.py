@@ -1,6 +1,7 @@
 """The `fedtune` command: what a user who mistypes a value sees."""
 
 import pytest
+import torch
 
 from fedtune_app.tools.cli import main
 
@@ -190,9 +191,16 @@ REFUSED = {
         'preset="smoke" data-dir="/no/such/folder"',
         "run-config key 'data-dir' = '/no/such/folder': no such folder"),
 }
+NO_GPU = {"a GPU on a machine without one": (
+    'preset="smoke" device="cuda"',
+    "run-config key 'device' = 'cuda': this machine has no CUDA GPU (the LLaMA presets need "
+    "one); allowed here: auto, cpu")}
 
 
-@pytest.mark.parametrize("run_config, said", REFUSED.values(), ids=REFUSED)
+@pytest.mark.parametrize("run_config, said", [
+    *REFUSED.values(), *(pytest.param(*case, marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this machine has a GPU")) for case in NO_GPU.values())],
+    ids=[*REFUSED, *NO_GPU])
 def test_what_the_server_would_refuse_is_one_line_before_flower_starts(
         run_config, said, tmp_path, monkeypatch, capsys):
     """Exit status 2, one line, no traceback, and nothing of Flower: no FLWR_HOME (`fedtune

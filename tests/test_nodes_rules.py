@@ -237,8 +237,8 @@ def test_a_query_answer_becomes_the_client_description():
 def said_waiting(waited: int, progress: str, left: int) -> str:
     """The wait's line in words (the quiet view of `fedtune run` shows it)."""
     return (f"waiting for the nodes to start, {waited} s so far (normal: Ray takes about 30 s "
-            f"to start simulated nodes): {progress}; giving up in {left} s (run-config key "
-            "'round-timeout')")
+            f"to start simulated nodes, longer on a busy machine): {progress}; giving up in "
+            f"{left} s (run-config key 'round-timeout')")
 
 
 def waits(lines) -> list[tuple[float, str]]:

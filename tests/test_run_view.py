@@ -7,8 +7,8 @@ from fedtune_app.tools.run_view import WAIT_SECONDS, QuietView, tail
 G, Y, R, C, E = "\x1b[92m", "\x1b[93m", "\x1b[91m", "\x1b[36m", "\x1b[0m"  # Flower's, Ray's
 ACTOR = f"{C}(ClientAppActor pid=15639){E} "
 WAIT = ("00:45:32 fedtune waiting for the nodes to start, 5 s so far (normal: Ray takes about "
-        "30 s to start simulated nodes): no node has answered yet; giving up in 3595 s "
-        "(run-config key 'round-timeout')")
+        "30 s to start simulated nodes, longer on a busy machine): no node has answered yet; "
+        "giving up in 3595 s (run-config key 'round-timeout')")
 HIDDEN = [
     "Starting local SuperLink on 127.0.0.1:46483...",
     "Successfully started run 664336772847134395",

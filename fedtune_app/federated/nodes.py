@@ -250,8 +250,8 @@ class NodeSet:
                     raise RuntimeError(f"gave up after {timeout:.0f} s (run-config key "
                                        f"'round-timeout'): {status}")
                 log.info("waiting for the nodes to start, %.0f s so far (normal: Ray takes "
-                         "about 30 s to start simulated nodes): %s; giving up in %.0f s "
-                         "(run-config key 'round-timeout')", now - started,
+                         "about 30 s to start simulated nodes, longer on a busy machine): %s; "
+                         "giving up in %.0f s (run-config key 'round-timeout')", now - started,
                          self.waiting_words(want), deadline - now)
                 log.info("nodes so far: %s", status)  # the node ids: the log's, for --verbose
                 next_log = now + NODE_WAIT_LOG_SECONDS

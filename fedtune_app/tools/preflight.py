@@ -1,8 +1,9 @@
 """What `fedtune run` and `fedtune compare` refuse before Flower starts.
 
 ``resolve_config`` (``fedtune_app.methods``) has checked every key, the scenario, the ranks and
-the model groups already. What it cannot check needs the model or the data: the ServerApp would
-refuse those only after Ray started the nodes (~50 s), in a traceback. Here each is one
+the model groups already. What it cannot check needs the model, the data or the machine (which
+runs the simulation): the ServerApp would refuse those only after Ray started the nodes
+(~50 s), in a traceback. Here each is one
 ``ConfigError`` line naming the key, its value and what is wrong, by the same checks the
 ServerApp makes (the method's ``check_fleet``), on the model's architecture alone (the meta
 device: no weights are read).
@@ -16,12 +17,19 @@ from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.groups import group_depths, num_groups
 from fedtune_app.methods import strategy_class
 from fedtune_app.model.backbones import ModelSpec, architecture_depth
+from fedtune_app.training.local import check_precision, pick_device
 
 
 def preflight(cfg: RunConfig) -> None:
     """Raise ConfigError for a run that would fail once Flower has started."""
+    check_machine(cfg)
     check_fleet(cfg)
     check_data(cfg)
+
+
+def check_machine(cfg: RunConfig) -> None:
+    """A GPU (with bfloat16) where the run asks for one."""
+    check_precision(cfg.training.precision, pick_device(cfg.training.device))
 
 
 def model_depth(cfg: RunConfig) -> int:
