@@ -529,11 +529,12 @@ class ConfigError(ValueError):
 
 def hub_hint() -> str:
     """Why a hub download failed, for an error message: the hub switched off (the default of
-    `fedtune run` and `make run`) or no internet, and what gated models need besides."""
+    every `fedtune` command and `make run`) or no internet, and what gated models need besides."""
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-    where = ("the Hugging Face hub is switched off (HF_HUB_OFFLINE=1, which `fedtune run` and "
-             "`make run` set unless HF_HUB_OFFLINE is already set): with internet access, run "
-             "with HF_HUB_OFFLINE=0" if offline else "a hub download needs internet access")
+    where = ("the Hugging Face hub is switched off (HF_HUB_OFFLINE=1, which every `fedtune` "
+             "command and `make run` set unless HF_HUB_OFFLINE is already set): with internet "
+             "access, run with HF_HUB_OFFLINE=0" if offline
+             else "a hub download needs internet access")
     return (f"{where}; gated models (meta-llama/*) also need their licence accepted on "
             "huggingface.co and a token (`hf auth login`, or HF_TOKEN)")
 
@@ -838,13 +839,20 @@ register_check(lambda config: parse_faults(config.federation.fault_injection))
 
 
 def setup_logging() -> None:
-    """fedtune's own log lines (one per round), apart from Flower's logger."""
+    """fedtune's own log lines (one per round), apart from Flower's logger: "12:00:00 fedtune
+    text", a warning or error saying so ("12:00:00 fedtune warning: text"), which the quiet
+    view of `fedtune run` shows (``tools/run_view.py``)."""
     import logging
+
+    class Formatter(logging.Formatter):
+        def formatMessage(self, record):
+            level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+            return f"{self.formatTime(record, self.datefmt)} fedtune {level}{record.message}"
 
     logger = logging.getLogger("fedtune")
     if not logger.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s fedtune %(message)s", "%H:%M:%S"))
+        handler.setFormatter(Formatter(datefmt="%H:%M:%S"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False

@@ -1,5 +1,8 @@
 """The `fedtune` command: what a user who mistypes a value sees."""
 
+import pytest
+import torch
+
 from fedtune_app.tools.cli import main
 
 
@@ -151,3 +154,98 @@ def test_an_interrupted_run_says_how_to_continue_with_the_same_federation(tmp_pa
     assert interrupted_report("SIGINT", 9, str(folder), results, args).splitlines()[3:] == [
         f"continue with: fedtune run --app /apps/mine --results {results} --run-config {keys}",
         f"  (or: make run RESULTS={results} CONFIG={keys})"]
+
+
+# What `fedtune run` refuses before Flower starts, each in one line naming the key and value
+# (the smoke preset: a 4-block Mixer, 3 clients of capacities 4,2,1, lora-r 8; smoke-groups:
+# two ViTs of 2 and 3 blocks, 4 clients of capacity 1)
+REFUSED = {
+    "a capacity deeper than the model": (
+        'preset="smoke" capacities="9,2,1"',
+        "run-config key 'capacities': client 0 has capacity 9; allowed: 1..4 (the model has 4 "
+        "blocks)"),
+    "a capacity that holds no DepthFL exit (exits after 2 and 4 blocks)": (
+        'preset="smoke" method="depthfl" depthfl-client-depth="exit-depth" '
+        "depthfl-exit-every=2",
+        "run-config key 'capacities': capacity 1 holds no DepthFL exit (exits after [2, 4] "
+        "blocks); lower 'depthfl-exit-every' to at most 1, raise the capacity, or set "
+        "'depthfl-client-depth' = 'capacity'"),
+    "a capacity below every model group's threshold": (
+        'preset="smoke-groups" model-group-assign="capacity" model-group-capacities="2,3"',
+        "client 0 has capacity 1, below every threshold of run-config key "
+        "'model-group-capacities' = '2,3'"),
+    "a rank above lora-r": (
+        'preset="smoke" method="hetlora" ranks="16,4,2"',
+        "run-config key 'ranks': rank 16 is outside 1..8; ranks run from 1 to run-config key "
+        "'lora-r' = 8 (raise 'lora-r' to the largest client rank)"),
+    "fewer ranks than clients": (
+        'preset="smoke" method="hetlora" ranks="8,4"',
+        "run-config key 'ranks' = '8,4' lists 2 ranks but the capacity profile describes 3 "
+        "clients; give one per client or one for all"),
+    "a model-group method without groups": (
+        'preset="smoke" method="heterotune"',
+        "run-config key 'method' = 'heterotune' needs model groups: set 'model-groups' (e.g. "
+        "two timm models separated by ';'), or take preset 'smoke-groups' (the smoke run over "
+        "two model groups)"),
+    "a missing data folder": (
+        'preset="smoke" data-dir="/no/such/folder"',
+        "run-config key 'data-dir' = '/no/such/folder': no such folder"),
+}
+NO_GPU = {"a GPU on a machine without one": (
+    'preset="smoke" device="cuda"',
+    "run-config key 'device' = 'cuda': this machine has no CUDA GPU (the LLaMA presets need "
+    "one); allowed here: auto, cpu")}
+
+
+@pytest.mark.parametrize("run_config, said", [
+    *REFUSED.values(), *(pytest.param(*case, marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this machine has a GPU")) for case in NO_GPU.values())],
+    ids=[*REFUSED, *NO_GPU])
+def test_what_the_server_would_refuse_is_one_line_before_flower_starts(
+        run_config, said, tmp_path, monkeypatch, capsys):
+    """Exit status 2, one line, no traceback, and nothing of Flower: no FLWR_HOME (`fedtune
+    run` makes it, with the log, before it starts `flwr run`) and no results folder."""
+    home, results = tmp_path / "flwr-home", tmp_path / "results"
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert main(["run", "--results", str(results), "--run-config", run_config]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"fedtune: {said}\n" and captured.out == ""
+    assert not home.exists() and not results.exists()
+
+
+def test_debug_shows_the_traceback_of_a_configuration_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    run_config = REFUSED["a capacity deeper than the model"][0]
+    line = f"fedtune: {REFUSED['a capacity deeper than the model'][1]}\n"
+    for argv in (["--debug", "run"], ["run", "--debug"]):
+        assert main(argv + ["--run-config", run_config]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last):\n") and err.endswith(line)
+        assert "in check_capacities" in err  # the server's own check, called before Flower
+    # a tool's error too: `--debug` goes before the tool's name
+    assert main(["--debug", "compare", "--methods", "fedra", "--out", str(tmp_path / "c"),
+                 "--run-config", run_config]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.endswith(line)
+    assert not (tmp_path / "c").exists()
+
+
+def test_every_command_keeps_the_hub_offline_unless_the_caller_says(monkeypatch, tmp_path):
+    import os
+
+    for given, kept in ((None, "1"), ("0", "0")):
+        if given is None:
+            monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        else:
+            monkeypatch.setenv("HF_HUB_OFFLINE", given)
+        assert main(["stop", "--flwr-home", str(tmp_path)]) == 0
+        assert os.environ["HF_HUB_OFFLINE"] == kept
+
+
+def test_compare_md_records_the_fedtune_command_the_user_typed(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--methods", "all-small", "--run-config",
+                 'preset="smoke" num-server-rounds=1', "--out", str(out)]) == 0
+    assert (out / "compare.md").read_text().splitlines()[-1] == (
+        "Command: `fedtune compare --methods all-small --run-config "
+        "'preset=\"smoke\" num-server-rounds=1'`")

@@ -398,6 +398,18 @@ def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_
     assert "ETA 0:00" in log
     folder = Path(proc.stdout.strip().splitlines()[-1])
     assert folder.parent == tmp_path
+    # the quiet view: what runs, the waits, a line per round, the rejections (warnings), and
+    # the results folder once, last; Flower's and Ray's INFO lines are in the log only
+    shown = proc.stdout.splitlines()
+    assert len(shown) <= 40, proc.stdout
+    assert shown[0].startswith(f"fedtune run: fedra on {decoder_dirs['large']}, data "
+                               f"{glue_dir} (train-subset ")
+    assert shown[0].endswith("5 clients of capacities [3, 2, 1, 1, 1], 2 rounds")
+    assert [line.split(" fedtune ")[1][:10] for line in shown if " fedtune round " in line] == \
+        ["round 1/2 ", "round 2/2 "]
+    assert sum(" fedtune warning: round " in line for line in shown) >= 4  # clients 3, 4 twice
+    assert proc.stdout.count(str(folder)) == 1
+    assert "INFO" not in proc.stdout and "INFO" in log
     metrics = json.loads((folder / "metrics.json").read_text())
     assert [m["round"] for m in metrics] == [1, 2]
     for m in metrics:

@@ -197,8 +197,11 @@ def test_waiting_for_nodes_says_what_is_missing(monkeypatch, caplog):
             pytest.raises(RuntimeError, match=r"gave up after 2 s \(run-config key "
                                               r"'round-timeout'\): 2 of 3 partitions served"):
         NodeSet().gather(grid, 0, timeout=2.0)
-    waits = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
-    assert waits and all("missing partitions [1]" in w and "giving up in" in w for w in waits)
+    said = [r.getMessage() for r in caplog.records if "waiting for the nodes" in r.getMessage()]
+    assert said and all("2 of 3 partitions served so far" in w and "giving up in" in w
+                        for w in said)
+    ids = [r.getMessage() for r in caplog.records if r.getMessage().startswith("nodes so far")]
+    assert len(ids) == len(said) and all("missing partitions [1]" in w for w in ids)
     grid.add_node(node_config(1))
     assert [c.partition_id for c in NodeSet().gather(grid, 0, timeout=2.0)] == [0, 1, 2]
     assert len(NodeSet().gather(grid, 2, timeout=2.0)) == 3  # met: takes what answered

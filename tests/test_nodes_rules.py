@@ -234,6 +234,18 @@ def test_a_query_answer_becomes_the_client_description():
 
 # -- start-up: waiting for nodes ----------------------------------------------------------------
 
+def said_waiting(waited: int, progress: str, left: int) -> str:
+    """The wait's line in words (the quiet view of `fedtune run` shows it)."""
+    return (f"waiting for the nodes to start, {waited} s so far (normal: Ray takes about 30 s "
+            f"to start simulated nodes, longer on a busy machine): {progress}; giving up in "
+            f"{left} s (run-config key 'round-timeout')")
+
+
+def waits(lines) -> list[tuple[float, str]]:
+    """The wait's lines: each in words, then its node ids (the log's)."""
+    return [(t, text) for t, _, text in lines if text.startswith(("waiting", "nodes so far"))]
+
+
 def test_nodes_answering_at_once_are_taken_without_waiting(clock, lines):
     grid = Timed(clock, [nc(2, capacity=4), nc(0), nc(1, capacity=1)])
     nodes = NodeSet()
@@ -269,11 +281,10 @@ def test_the_wait_for_nodes_logs_every_5_s_and_gives_up_after_the_timeout(clock,
               "1017], serving: {0: 1000, 2: 1017}, missing partitions [1]")
     assert str(err.value) == f"gave up after 12 s (run-config key 'round-timeout'): {status}"
     assert clock.slept == [1.0] * 13 and grid.calls["get_nodes"] == 14
-    waits = [(t, text) for t, _, text in lines if text.startswith("waiting")]
-    assert waits == [(5, f"waiting for nodes: {status}; giving up in 7 s (run-config key "
-                         "'round-timeout')"),
-                     (10, f"waiting for nodes: {status}; giving up in 2 s (run-config key "
-                          "'round-timeout')")]
+    assert waits(lines) == [(5, said_waiting(5, "2 of 3 partitions served so far", 7)),
+                            (5, f"nodes so far: {status}"),
+                            (10, said_waiting(10, "2 of 3 partitions served so far", 2)),
+                            (10, f"nodes so far: {status}")]
 
 
 def test_a_wait_met_exactly_returns_and_a_late_node_is_waited_for(clock, lines):
@@ -285,7 +296,7 @@ def test_a_wait_met_exactly_returns_and_a_late_node_is_waited_for(clock, lines):
     grid = Timed(clock, [nc(0), nc(1)], at={7: lambda g: g.add_node(nc(2))})
     assert [c.node_id for c in NodeSet().gather(grid, 0, timeout=10)] == [1000, 1017, 1034]
     assert clock.slept == [1.0] * 7 and grid.queries_to() == [1000, 1017, 1034]
-    assert [t for t, _, text in lines if text.startswith("waiting")] == [5]
+    assert [t for t, _ in waits(lines)] == [5, 5]
     # a deadline that falls on a 5 s line: the line is written, the wait gives up 1 s later
     lines.clear()
     with pytest.raises(RuntimeError, match=r"^gave up after 10 s "):
@@ -293,9 +304,10 @@ def test_a_wait_met_exactly_returns_and_a_late_node_is_waited_for(clock, lines):
     assert clock.slept == [1.0] * (7 + 11)  # this wait started at 7 s
     status = ("1 of 3 partitions served (num-partitions of the nodes), online nodes [1000], "
               "serving: {0: 1000}, missing partitions [1, 2]")
-    assert [(t, text) for t, _, text in lines if text.startswith("waiting")] == [
-        (12, f"waiting for nodes: {status}; giving up in 5 s (run-config key 'round-timeout')"),
-        (17, f"waiting for nodes: {status}; giving up in 0 s (run-config key 'round-timeout')")]
+    assert waits(lines) == [(12, said_waiting(5, "1 of 3 partitions served so far", 5)),
+                            (12, f"nodes so far: {status}"),
+                            (17, said_waiting(10, "1 of 3 partitions served so far", 0)),
+                            (17, f"nodes so far: {status}")]
 
 
 def test_the_wait_status_names_min_nodes_missing_unanswered_and_refused(clock, lines):
@@ -323,6 +335,8 @@ def test_the_wait_status_names_min_nodes_missing_unanswered_and_refused(clock, l
                                            r"online nodes \[\], no partition served yet, "
                                            r"missing partitions \[0\]$"):
         NodeSet().gather(Timed(clock, []), 0, timeout=0)
+    # in words: before any node answered, the number of partitions is not known yet
+    assert NodeSet().waiting_words(1) == "no node has answered yet"
     assert NodeSet().waiting_status(1) == ("0 of 1 partitions served (min-nodes), online nodes "
                                            "[], no partition served yet, missing partitions [0]")
     full = NodeSet()
@@ -332,6 +346,7 @@ def test_the_wait_status_names_min_nodes_missing_unanswered_and_refused(clock, l
     assert full.waiting_status(3) == ("2 of 3 partitions served (min-nodes), online nodes "
                                       "[1000, 1017], serving: {0: 1000, 1: 1017}, missing "
                                       "partitions [2]")
+    assert full.waiting_words(3) == "2 of 3 partitions served so far"
     assert full.waiting_status(2) == ("2 of 2 partitions served (num-partitions of the "
                                       "nodes), online nodes [1000, 1017], serving: {0: 1000, "
                                       "1: 1017}")

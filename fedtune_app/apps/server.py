@@ -15,7 +15,6 @@ from fedtune_app.apps.evaluation import GlobalEvaluator, GroupedEvaluator, build
 from fedtune_app.apps.results import ResultsWriter
 from fedtune_app.config import RunConfig
 from fedtune_app.data.groups import num_groups
-from fedtune_app.federated.allocation import check_capacities
 from fedtune_app.federated.checkpoint import resume, save_checkpoint
 from fedtune_app.federated.nodes import NodeSet, TalkingGrid
 from fedtune_app.federated.strategy import LayerPlanStrategy, to_record
@@ -66,17 +65,16 @@ def run_federation(grid: Grid, cfg: RunConfig) -> str:
     check_precision(cfg.training.precision, pick_device(cfg.training.device))
     model_cfg, fetched = with_checkpoint(cfg)  # a bad checkpoint stops the run before any node
     model, recipe = build_global(model_cfg)  # with model groups: one model per group
-    grouped = num_groups(cfg.model) > 0  # capacities then choose a model, not a number of blocks
-    if not grouped:
-        check_capacities(cfg.client_capacities, model.num_blocks)
+    grouped = num_groups(cfg.model) > 0
+    method = strategy_class(cfg)
+    method.check_fleet(cfg, list(cfg.client_capacities), model.num_blocks)
     nodes = query_nodes(grid, cfg)
     clients = nodes.clients()
     fetches = {c.partition_id: c.checkpoint_bytes for c in clients if c.checkpoint_bytes}
     if fetched or fetches:  # one-time costs, kept apart from the per-round adapter bytes
         log.info("checkpoint fetched once: server %d bytes, nodes %s", fetched, fetches)
-    if not grouped:
-        check_capacities([c.capacity for c in clients], model.num_blocks)  # node-declared too
-    strategy: LayerPlanStrategy = strategy_class(cfg)(
+    method.check_fleet(cfg, [c.capacity for c in clients], model.num_blocks)  # node-declared
+    strategy: LayerPlanStrategy = method(
         cfg, clients, model.num_blocks, recipe.initial_state(model, cfg.seed))
     strategy.attach(model, recipe)
     strategy.follow(nodes)  # every round: restarted and late nodes in, offline ones out

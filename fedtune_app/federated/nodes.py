@@ -249,10 +249,19 @@ class NodeSet:
                 if now > deadline:
                     raise RuntimeError(f"gave up after {timeout:.0f} s (run-config key "
                                        f"'round-timeout'): {status}")
-                log.info("waiting for nodes: %s; giving up in %.0f s (run-config key "
-                         "'round-timeout')", status, deadline - now)
+                log.info("waiting for the nodes to start, %.0f s so far (normal: Ray takes "
+                         "about 30 s to start simulated nodes, longer on a busy machine): %s; "
+                         "giving up in %.0f s (run-config key 'round-timeout')", now - started,
+                         self.waiting_words(want), deadline - now)
+                log.info("nodes so far: %s", status)  # the node ids: the log's, for --verbose
                 next_log = now + NODE_WAIT_LOG_SECONDS
             time.sleep(1.0)
+
+    def waiting_words(self, want: int) -> str:
+        """How far the wait is, in words (``waiting_status``: in node ids)."""
+        if not self.num_partitions():
+            return "no node has answered yet"
+        return f"{len(self.live())} of {want} partitions served so far"
 
     def waiting_status(self, want: int) -> str:
         served = {c.partition_id: c.node_id for c in self.live()}

@@ -22,7 +22,12 @@ from flwr.serverapp.strategy import Strategy
 
 from fedtune_app.config import RunConfig
 from fedtune_app.federated.aggregation import ClientUpdate, reply_problem
-from fedtune_app.federated.allocation import Plan, allocation_matrix, draw_round_capacities
+from fedtune_app.federated.allocation import (
+    Plan,
+    allocation_matrix,
+    check_capacities,
+    draw_round_capacities,
+)
 from fedtune_app.federated.nodes import ClientInfo, NodeSet, error_of, error_text, match_replies
 from fedtune_app.federated.objectives import feddyn_server_step
 from fedtune_app.federated.records import from_record, to_record
@@ -109,6 +114,14 @@ class LayerPlanStrategy(Strategy):
         self.dp = cfg.robust.dp_noise_multiplier > 0
         self.dp_entropy = dp_noise_entropy(cfg.robust) if self.dp else None  # the DP noise's seed
         self.centres: dict[str, np.ndarray] = {}  # centred-clip: last aggregated update per key
+
+    @classmethod
+    def check_fleet(cls, cfg: RunConfig, capacities: list[int], num_layers: int) -> None:
+        """Refuse (ConfigError) clients of these capacities on a model of ``num_layers`` blocks.
+        The ServerApp checks the configured and the node-declared capacities with it, `fedtune
+        run` and `fedtune compare` the configured ones before any training
+        (``tools/preflight.py``). A method with rules of its own extends it."""
+        check_capacities(capacities, num_layers)
 
     # -- what a method decides ------------------------------------------------------------
     def plan_round(self, server_round: int, clients: list[ClientInfo]) -> list[Plan]:

@@ -211,6 +211,14 @@ class DepthFL(LayerPlanStrategy):
         self.depth_of = {c.partition_id: client_depth(c.capacity, self.depths, self.own_depth)
                          for c in self.clients}  # bad capacities fail here, before training
 
+    @classmethod
+    def check_fleet(cls, cfg, capacities, num_layers):
+        """Every capacity must also hold an exit (``client_depth``)."""
+        super().check_fleet(cfg, capacities, num_layers)
+        depths = exit_depths(num_layers, exit_every(cfg, num_layers))
+        for capacity in capacities:
+            client_depth(capacity, depths, head_at_own_depth(cfg))
+
     def admit(self, client):
         self.depth_of[client.partition_id] = client_depth(client.capacity, self.depths,
                                                           self.own_depth)

@@ -14,7 +14,7 @@ sends each client the tensors of its own group.
 
 from __future__ import annotations
 
-from fedtune_app.data.groups import group_depths, prefix
+from fedtune_app.data.groups import group_depths, node_model_group, prefix
 from fedtune_app.federated.strategy import LayerPlanStrategy
 from fedtune_app.methods.registry import register_method
 
@@ -27,6 +27,12 @@ class GroupStrategy(LayerPlanStrategy):
     def __init__(self, cfg, clients, num_layers, initial_state):
         super().__init__(cfg, clients, num_layers, initial_state)
         self.depths = group_depths(cfg)
+
+    @classmethod
+    def check_fleet(cls, cfg, capacities, num_layers):
+        """A capacity picks the client's model group, held whole: each must fit one."""
+        for partition_id, capacity in enumerate(capacities):
+            node_model_group(cfg, partition_id, len(capacities), capacity)
 
     def plan_round(self, server_round, clients):
         return [tuple(range(self.depths[c.model_group])) for c in clients]

@@ -512,6 +512,14 @@ def _sentence_transformer_mean_pooling(path: str) -> bool:
 BUILDS = {"count": 0}  # backbones built in this process (benchmarks check it stays at one)
 
 
+@functools.lru_cache(maxsize=16)
+def architecture_depth(spec: ModelSpec) -> int:
+    """Blocks of ``spec``'s backbone, from its architecture on the meta device: no weights are
+    read or initialised (a Hugging Face model reads its config.json only)."""
+    with torch.device("meta"):
+        return _build(spec, weights=False).num_blocks
+
+
 def build_backbone(spec: ModelSpec) -> LayeredModel:
     """A fresh frozen backbone (random init is seeded so every node builds the same weights)."""
     BUILDS["count"] += 1

@@ -10,9 +10,11 @@
     fedtune publish-layered --run-config "..." --out DIR               blocks for ranged fetches
     fedtune node-worker --address PATH --authkey-file FILE             warm worker of one node
 
-Each subcommand's --help lists its options; `run` sets the Flower environment the Makefile sets
-(FLWR_HOME, no telemetry, no update check, no runtime dependency installation, offline hub
-unless HF_HUB_OFFLINE is already set: HF_HUB_OFFLINE=0 for the presets that download).
+Each subcommand's --help lists its options. Every command keeps the Hugging Face hub offline
+unless HF_HUB_OFFLINE is already set (HF_HUB_OFFLINE=0 for the presets that download); `run`
+also sets the Flower environment the Makefile sets (FLWR_HOME, no telemetry, no update check, no
+runtime dependency installation). A configuration error is one line (exit status 2); `fedtune
+--debug COMMAND` (or `fedtune run --debug`) shows its traceback.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedtune_app.config import ConfigError
 from fedtune_app.tools.pyproject_keys import toml_value
+from fedtune_app.tools.run_view import QuietView, tail
 from fedtune_app.tools.startup import STARTED, StartupWatch
 
 # tool name -> (module, one-line help); modules are imported only when their command runs
@@ -101,9 +105,7 @@ def with_results_dir(run_config: str, results: Path, home: Path) -> str:
     if not run_config.strip().endswith(".toml"):
         check_preset_overrides(parse_config_args([run_config]) if run_config.strip() else {})
         return f'results-dir="{results}" {run_config}'.strip()
-    path = Path(run_config.strip()).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
+    path = Path(run_config.strip()).expanduser()  # there: ``config_info.resolved`` checked
     given = parse_config_args([str(path)])
     check_preset_overrides(given)
     keys = {"results-dir": str(results)} | given
@@ -123,13 +125,20 @@ def run(args) -> int:
     Ray), then says where the results so far are and how to resume. The two signals are taken
     even when the shell that started us ignores them (a background job of a script): a user
     who sends one wants the run stopped. A simulation that failed to start (Ray on a busy
-    machine: ``tools/startup.py``) is started once more, saying why; nothing was computed."""
+    machine: ``tools/startup.py``) is started once more, saying why; nothing was computed.
+    Without ``--verbose`` only the lines of ``tools/run_view.py`` show; the log has them all."""
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.tools.app_stage import staged_app
     from fedtune_app.tools.config_info import resolved
     from fedtune_app.tools.local_superlink import stop
+    from fedtune_app.tools.preflight import preflight
     from fedtune_app.tools.pretrain import missing_checkpoints
 
+    # a bad key, a missing file, a fleet the model cannot hold: said here, before Ray starts
+    cfg = resolved(args.run_config)
+    preflight(cfg)
+    if missing := missing_checkpoints(cfg):
+        raise ConfigError("the run's backbone checkpoints are missing: " + "; ".join(missing))
     app = Path(args.app).resolve()
     env = flower_env(app)
     home = Path(env["FLWR_HOME"])
@@ -137,9 +146,6 @@ def run(args) -> int:
     results = Path(args.results).resolve()
     results.mkdir(parents=True, exist_ok=True)
     run_config = with_results_dir(args.run_config, results, home)
-    cfg = resolved(args.run_config)  # a bad key or a missing file: said here, before Ray starts
-    if missing := missing_checkpoints(cfg):
-        raise ConfigError("the run's backbone checkpoints are missing: " + "; ".join(missing))
     federation = args.federation_config or \
         f"num-supernodes={num_clients(cfg)} client-resources-num-cpus=1"
     # the files the FAB can hold, copied: `flwr run` would list the whole checkout, .venv too
@@ -149,6 +155,9 @@ def run(args) -> int:
                "--federation-config", federation,
                "--run-config", run_config]
     log_path = home / "last-run.log"
+    print(what_runs(cfg))
+    print(f"fedtune run: starting Flower's simulation (Ray starts the nodes: about 30 s); full "
+          f"log: {log_path}{'' if args.verbose else ' (or --verbose)'}", flush=True)
     seen = FlwrRun()  # the attempt streaming now
     caught: list[int] = []  # the signal that stopped us
     streaming = [False]
@@ -167,7 +176,8 @@ def run(args) -> int:
             streaming[0] = True  # a signal from here on ends in the clean-up below
             for again in (True, False):
                 seen, watch = FlwrRun(), StartupWatch()
-                stream(command, env, log, seen, watch)
+                view = (lambda line: True) if args.verbose else QuietView()
+                stream(command, env, log, seen, watch, view)
                 if not watch.failed:
                     break
                 # nothing computed yet, so once more (tools/startup.py says why); a `flwr run`
@@ -191,7 +201,9 @@ def run(args) -> int:
                                  results, args), file=sys.stderr)
         return 128 + caught[0]
     if seen.status or not seen.folder:
-        print(f"fedtune run: failed (log: {log_path})", file=sys.stderr)
+        sys.stdout.flush()
+        end = "" if args.verbose else f"; the end of its log:\n{tail(log_path)}"
+        print(f"fedtune run: failed (log: {log_path}){end}", file=sys.stderr)
         return seen.status or 1
     print(seen.folder)
     return 0
@@ -205,19 +217,35 @@ class FlwrRun:
     folder: str | None = None  # the results folder of the finished run (its RESULTS line)
 
 
+def what_runs(cfg) -> str:
+    """The run in one line: method, model, data and its sizes, clients, rounds."""
+    from fedtune_app.data.groups import group_specs, num_groups
+
+    data = cfg.data
+    model = (f"model groups {', '.join(g['model'] for g in group_specs(cfg.model))}"
+             if num_groups(cfg.model) else cfg.model.model)
+    dataset = data.hf_dataset if data.dataset == "hf" else data.dataset
+    return (f"fedtune run: {cfg.method} on {model}, data {dataset} (train-subset "
+            f"{data.train_subset or 'all'}, test-subset {data.test_subset or 'all'}), "
+            f"{len(cfg.client_capacities)} clients of capacities {list(cfg.client_capacities)}, "
+            f"{cfg.federation.num_server_rounds} rounds")
+
+
 def stream(command: list[str], env: dict[str, str], log, seen: FlwrRun,
-           watch: StartupWatch) -> None:
-    """Run `flwr run` with its output on stdout and in ``log``, noting in ``seen`` what it
-    says; stop at the line that shows the simulation failed to start (``watch.failed``): that
-    `flwr run` cannot recover, and may not even end (seen once after "Failed to connect to
-    GCS"). `flwr run` is killed when it is still running as this returns or raises (a start-up
-    failure, a signal)."""
+           watch: StartupWatch, view=lambda line: True) -> None:
+    """Run `flwr run` with its output in ``log`` and, where ``view(line)``, on stdout, noting
+    in ``seen`` what it says; stop at the line that shows the simulation failed to start
+    (``watch.failed``): that `flwr run` cannot recover, and may not even end (seen once after
+    "Failed to connect to GCS"). `flwr run` is killed when it is still running as this returns
+    or raises (a start-up failure, a signal)."""
     proc = None
     try:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
-            sys.stdout.write(line)
+            if view(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
             log.write(line)
             if match := STARTED.search(line):
                 seen.started = match.group(1)
@@ -291,6 +319,9 @@ def stop_command(args) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="fedtune", description=__doc__.split("\n\n")[0],
                                   epilog="fedtune COMMAND --help: the options of one command")
+    top.add_argument("--debug", action="store_true",
+                     help="before COMMAND: a configuration error with its traceback (default: "
+                          "one line)")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     r = commands.add_parser("run", help="one federated simulation with `flwr run`",
                             description="`flwr run` of the app with the Flower environment of "
@@ -303,6 +334,12 @@ def parser() -> argparse.ArgumentParser:
                    help="Flower's simulation options (default: one SuperNode per client, one "
                         "CPU each)")
     r.add_argument("--app", default=".", help="the Flower app folder (default: .)")
+    r.add_argument("--verbose", action="store_true",
+                   help="every line of `flwr run` (Flower's and Ray's INFO lines too); by "
+                        "default a line per round, waits, warnings and errors, and the results "
+                        "folder last (the log $FLWR_HOME/last-run.log holds every line)")
+    r.add_argument("--debug", action="store_true",
+                   help="a configuration error with its traceback (default: one line)")
     s = commands.add_parser("stop", help="stop the local SuperLink `flwr run` left running",
                             description="stop the detached local SuperLink of FLWR_HOME and "
                             "every process it started")
@@ -315,6 +352,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = argv[:1] == ["--debug"]  # before a tool's name: taken off before it parses its own
+    argv = argv[debug:]
+    for name, value in DEFAULT_ENV.items():  # every command, as `fedtune run`'s Flower
+        os.environ.setdefault(name, value)
     try:
         if argv and argv[0] in TOOLS:
             import importlib
@@ -323,8 +364,11 @@ def main(argv=None) -> int:
             sys.argv[0] = f"fedtune {argv[0]}"
             return module.main(argv[1:]) or 0
         args = parser().parse_args(argv)
+        debug = debug or getattr(args, "debug", False)
         return run(args) if args.command == "run" else stop_command(args)
     except ConfigError as err:  # the user's to fix: one line, no traceback
+        if debug:
+            traceback.print_exc()
         print(f"fedtune: {err}", file=sys.stderr)
         return 2
 

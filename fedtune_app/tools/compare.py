@@ -42,6 +42,7 @@ from fedtune_app.tools.analysis import (
     last_evaluated,
     result_columns,
 )
+from fedtune_app.tools.preflight import preflight
 
 
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
@@ -172,6 +173,7 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
             raise ConfigError(f"--methods {method}: preset {cfg.preset!r} sets method = "
                               f"{cfg.method!r}, which a method given as pyproject's own value "
                               "cannot override; take a preset without a method")
+        preflight(cfg)
         if cfg.federation.fleet.strip():
             settings[method] = describe(cfg)
     if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0):
@@ -207,7 +209,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     setup_logging()
     run_config = parse_config_args([args.run_config] if args.run_config else None)
-    command = f"python -m fedtune_app.tools.compare --methods {args.methods}" + (
+    command = f"fedtune compare --methods {args.methods}" + (
         f" --run-config {shell_quote(args.run_config)}" if args.run_config else "") + (
         f" --seeds {args.seeds}" if args.seeds else "")
     seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None

@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
 from fedtune_app.apps.evaluation import parameter_counts
-from fedtune_app.config import RunConfig, app_defaults
+from fedtune_app.config import ConfigError, RunConfig, app_defaults
 from fedtune_app.data.groups import group_config, group_specs
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.data.splits import run_num_classes
@@ -27,6 +28,8 @@ from fedtune_app.model.backbones import ModelSpec
 def resolved(run_config: str) -> RunConfig:
     """The config a `flwr run . --run-config RUN_CONFIG` of this app resolves to."""
     run_config = run_config.strip()
+    if run_config.endswith(".toml") and not Path(run_config).expanduser().is_file():
+        raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
     given = parse_config_args([run_config]) if run_config else {}
     return resolve_config({**app_defaults(), **given})
 
