@@ -527,14 +527,17 @@ class ConfigError(ValueError):
     """A run-config key has a value that is not allowed."""
 
 
-def hub_hint() -> str:
+def hub_hint(gated: bool = True) -> str:
     """Why a hub download failed, for an error message: the hub switched off (the default of
-    every `fedtune` command and `make run`) or no internet, and what gated models need besides."""
+    every `fedtune` command and `make run`) or no internet, and (``gated``: for a model) what
+    gated models need besides."""
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
     where = ("the Hugging Face hub is switched off (HF_HUB_OFFLINE=1, which every `fedtune` "
              "command and `make run` set unless HF_HUB_OFFLINE is already set): with internet "
              "access, run with HF_HUB_OFFLINE=0" if offline
              else "a hub download needs internet access")
+    if not gated:
+        return where
     return (f"{where}; gated models (meta-llama/*) also need their licence accepted on "
             "huggingface.co and a token (`hf auth login`, or HF_TOKEN)")
 
@@ -743,6 +746,17 @@ def resolve(run_config: Mapping[str, Any],
     for check in CHECKS:
         check(config)
     return config
+
+
+def naming_given_keys(keys: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a user gave, with 'preset-overrides' naming them when a preset is among them:
+    Flower passes every pyproject key, so a given key at pyproject's value would otherwise
+    lose to the preset's."""
+    keys = dict(keys)
+    given = [k for k in keys if k not in ("preset", "preset-overrides", "results-dir")]
+    if keys.get("preset") and given:
+        keys["preset-overrides"] = ",".join(given)
+    return keys
 
 
 def settings_origins(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:

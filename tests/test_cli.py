@@ -36,7 +36,8 @@ def test_a_toml_file_as_run_config_gets_the_results_folder(tmp_path):
     assert passed.endswith(".toml") and passed != str(given)
     assert parse_config_args([passed]) == {
         "results-dir": str(tmp_path / "out"), "preset": "smoke", "lr": 0.5,
-        "screen-updates": False, "seed": 3, "domains": 'a "b"'}
+        "screen-updates": False, "seed": 3, "domains": 'a "b"',
+        "preset-overrides": "lr,screen-updates,seed,domains"}
     given.write_text('results-dir = "/elsewhere"\n')
     assert parse_config_args([with_results_dir(str(given), tmp_path / "out", tmp_path)]) == {
         "results-dir": "/elsewhere"}
@@ -62,21 +63,20 @@ def test_fedtune_run_keeps_the_callers_hub_setting(monkeypatch, tmp_path):
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
 
 
-def test_a_key_at_pyprojects_value_beside_a_preset_that_sets_another_is_refused(capsys):
+def test_keys_given_beside_a_preset_are_named_for_flower(tmp_path):
     """pyproject runs 5 rounds and the smoke preset 2: `num-server-rounds=5` beside it looks to
-    the ServerApp like a key nobody gave (Flower passes all of pyproject's), so the run would
-    silently do 2 rounds; it is refused before Flower starts. 6 rounds, or 5 without the
-    preset, mean what they say."""
-    from fedtune_app.tools.cli import check_preset_overrides
+    the ServerApp like a key nobody gave (Flower passes all of pyproject's), so `fedtune run`
+    names the given keys in 'preset-overrides' and the run does the 5 rounds asked for."""
+    from fedtune_app.federated.flower_private import parse_config_args
+    from fedtune_app.tools.cli import with_results_dir
+    from fedtune_app.tools.config_info import resolved
 
-    assert main(["run", "--run-config", 'preset="smoke" num-server-rounds=5 seed=0']) == 2
-    assert capsys.readouterr().err == (
-        "fedtune: --run-config: 'num-server-rounds' = 5 (preset 'smoke': 2) equals "
-        "pyproject.toml's value, which Flower passes for every key the user did not give, so "
-        "the preset's value would win; edit the preset, or give the keys without it\n")
-    check_preset_overrides({"preset": "smoke", "num-server-rounds": 6, "seed": 0})
-    check_preset_overrides({"num-server-rounds": 5})
-    check_preset_overrides({"preset": "smoke", "num-server-rounds": 2})  # the preset's own
+    given = 'preset="smoke" num-server-rounds=5 seed=0'
+    passed = parse_config_args([with_results_dir(given, tmp_path, tmp_path)])
+    assert passed["preset-overrides"] == "num-server-rounds,seed"
+    assert resolved(given).federation.num_server_rounds == 5
+    # without a preset nothing needs naming
+    assert "preset-overrides" not in with_results_dir("num-server-rounds=5", tmp_path, tmp_path)
 
 
 def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path, monkeypatch,
@@ -190,6 +190,10 @@ REFUSED = {
     "a missing data folder": (
         'preset="smoke" data-dir="/no/such/folder"',
         "run-config key 'data-dir' = '/no/such/folder': no such folder"),
+    "a missing own data set": (
+        'dataset="hf" hf-dataset="/no/such/notes.csv"',
+        "run-config key 'hf-dataset' = '/no/such/notes.csv': no such file or folder"),
+
 }
 NO_GPU = {"a GPU on a machine without one": (
     'preset="smoke" device="cuda"',
@@ -211,6 +215,20 @@ def test_what_the_server_would_refuse_is_one_line_before_flower_starts(
     captured = capsys.readouterr()
     assert captured.err == f"fedtune: {said}\n" and captured.out == ""
     assert not home.exists() and not results.exists()
+
+
+def test_own_data_that_does_not_suit_the_model_is_refused_before_flower_starts(
+        tmp_path, monkeypatch, capsys):
+    from test_own_data import image_set
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    images = image_set(tmp_path / "imgs", 5)
+    assert main(["run", "--results", str(tmp_path / "results"), "--run-config",
+                 f'dataset="hf" hf-dataset="{images}"']) == 2
+    assert capsys.readouterr().err == (
+        "fedtune: run-config key 'dataset' = 'hf' is images; key 'model' = 'all-MiniLM-L6-v2' "
+        "is a text model; use a timm vision model\n")
+    assert not (tmp_path / "flwr-home").exists()
 
 
 def test_debug_shows_the_traceback_of_a_configuration_error(tmp_path, monkeypatch, capsys):

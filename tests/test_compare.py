@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedtune_app.config import ConfigError
+from fedtune_app.config import ConfigError, app_defaults
+from fedtune_app.methods import resolve_config
 from fedtune_app.tools import analysis
 from fedtune_app.tools.compare import compare
 
@@ -65,13 +66,17 @@ def test_repeated_seeds_are_refused_before_any_run(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_preset_that_sets_the_method_is_refused_before_any_run(tmp_path):
-    # smoke-groups sets method = homo; fedra is pyproject's own value, which a preset overrides:
-    # without the check the "fedra" row would silently be a homo run
-    with pytest.raises(ConfigError, match="--methods fedra: preset 'smoke-groups' sets method "
-                                          "= 'homo'"):
-        compare(["fedra"], {"preset": "smoke-groups"}, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+def test_a_key_given_beside_a_preset_wins_even_at_pyprojects_value():
+    # smoke runs 2 rounds, pyproject (the default) 5: a given 5 alone would look not given
+    # beside the preset; compare names every given key in 'preset-overrides'
+    from fedtune_app.tools.compare import run_config_of
+
+    keys = run_config_of("all-small", {"preset": "smoke", "num-server-rounds": 5})
+    assert keys["preset-overrides"] == "num-server-rounds,method"
+    cfg = resolve_config({**app_defaults(), **keys})
+    assert (cfg.method, cfg.federation.num_server_rounds) == ("all-small", 5)
+    without = resolve_config({**app_defaults(), "preset": "smoke", "num-server-rounds": 5})
+    assert without.federation.num_server_rounds == 2  # what plain `flwr run` would do
 
 
 def test_one_fleet_runs_depth_rank_and_model_group_methods_in_one_table(tmp_path):

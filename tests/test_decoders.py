@@ -402,9 +402,10 @@ def test_fedtune_run_trains_a_decoder_in_ray_rejects_bad_clients_and_prints_the_
     # the results folder once, last; Flower's and Ray's INFO lines are in the log only
     shown = proc.stdout.splitlines()
     assert len(shown) <= 40, proc.stdout
-    assert shown[0].startswith(f"fedtune run: fedra on {decoder_dirs['large']}, data "
-                               f"{glue_dir} (train-subset ")
-    assert shown[0].endswith("5 clients of capacities [3, 2, 1, 1, 1], 2 rounds")
+    assert shown[0] == (f"fedtune run: fedra on {decoder_dirs['large']}, 5 clients of "
+                        "capacities [3, 2, 1, 1, 1], 2 rounds")
+    assert shown[1].startswith("fedtune run: settings: the defaults but run-config: ")
+    assert shown[2].startswith(f"fedtune run: data: hf {glue_dir}, 2 classes; training on ")
     assert [line.split(" fedtune ")[1][:10] for line in shown if " fedtune round " in line] == \
         ["round 1/2 ", "round 2/2 "]
     assert sum(" fedtune warning: round " in line for line in shown) >= 4  # clients 3, 4 twice

@@ -73,7 +73,7 @@ def test_mpnet_presets_have_the_papers_shapes_at_their_depth():
 def test_paper_presets_without_their_data_fail_clearly(name):
     cfg = resolve_config({"preset": name})
     if cfg.data.dataset == "hf":
-        message = "'hf-dataset' = 'uoft-cs/cifar10' could not be loaded"
+        message = "'hf-dataset' = 'uoft-cs/cifar10' could not be read"
     else:
         if Path(cfg.data.data_dir).expanduser().is_dir():
             pytest.skip(f"{cfg.data.data_dir} exists on this machine")

@@ -88,7 +88,8 @@ def open_dataset(data: DataConfig):
     except ConfigError:
         raise
     except Exception as err:  # unreadable file, offline hub, unknown name: the user's to fix
-        where = "" if is_local(name) else f"; {hub_hint()}"
+        where = "" if is_local(name) else \
+            f"; not a local path, and reading it from the hub failed: {hub_hint(gated=False)}"
         raise ConfigError(f"{KEY} = {name!r} could not be read ({err.__class__.__name__}: "
                           f"{str(err).splitlines()[0][:200]}){where}") from None
     if isinstance(loaded, datasets.Dataset):

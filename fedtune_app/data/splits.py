@@ -285,11 +285,26 @@ def plan_split(raw: sources.Raw, data: DataConfig) -> SplitPlan:
     return SplitPlan(train_idx, test_idx, *pools, made_test_split=raw.split is None)
 
 
-def describe_data(data: DataConfig, origins: dict[str, tuple] | None = None) -> str:
+def check_suits(raw: sources.Raw, data: DataConfig, spec: ModelSpec) -> bool:
+    """Whether the data are texts, refusing data a model of ``spec`` cannot read."""
+    text = isinstance(raw.inputs, list)
+    if text != is_text_model(spec):
+        kind, other = ("text", "vision") if text else ("images", "text")
+        raise ConfigError(f"run-config key 'dataset' = {data.dataset!r} is {kind}; key 'model' "
+                          f"= {spec.name!r} is a {other} model; use a "
+                          f"{'text model, e.g. all-MiniLM-L6-v2' if text else 'timm vision model'}")
+    return text
+
+
+def describe_data(data: DataConfig, origins: dict[str, tuple] | None = None,
+                  spec: ModelSpec | None = None) -> str:
     """The run's data in a line: the effective sizes and, for a size that is not the whole
-    set, the key and where its value came from (``config.settings_origins``)."""
+    set, the key and where its value came from (``config.settings_origins``); with ``spec``,
+    data its model cannot read are refused."""
     origins = origins or {}
     raw = load_raw(data)
+    if spec is not None:
+        check_suits(raw, data, spec)
     plan = plan_split(raw, data)
 
     def size(used: int, pool: int, key: str) -> str:
@@ -312,12 +327,7 @@ def describe_data(data: DataConfig, origins: dict[str, tuple] | None = None) -> 
 @functools.lru_cache(maxsize=2)
 def _load_cached(data: DataConfig, spec: ModelSpec) -> DataSplits:
     raw = load_raw(data)
-    text = isinstance(raw.inputs, list)
-    if text != is_text_model(spec):
-        kind, other = ("text", "vision") if text else ("images", "text")
-        raise ConfigError(f"run-config key 'dataset' = {data.dataset!r} is {kind}; key 'model' "
-                          f"= {spec.name!r} is a {other} model; use a "
-                          f"{'text model, e.g. all-MiniLM-L6-v2' if text else 'timm vision model'}")
+    text = check_suits(raw, data, spec)
     labels = raw.labels
     plan = plan_split(raw, data)
     train_idx, test_idx = plan.train, plan.test

@@ -76,38 +76,22 @@ def flower_env(app: Path) -> dict[str, str]:
     return env
 
 
-def check_preset_overrides(keys: dict) -> None:
-    """Refuse a key given beside a preset with pyproject's own value where the preset sets
-    another. Flower hands the ServerApp every pyproject key, so ``config.resolve`` counts a key
-    as given only when it differs from pyproject's: this one would silently take the preset's
-    value."""
-    import fedtune_app.methods  # noqa: F401 - registers the method-owned keys presets may set
-    from fedtune_app.config import app_defaults, load_preset
-
-    if not keys.get("preset"):
-        return
-    app, preset = app_defaults(), load_preset(str(keys["preset"]))
-    lost = [f"'{k}' = {v!r} (preset {keys['preset']!r}: {preset[k]!r})" for k, v in keys.items()
-            if k in preset and k in app and v == app[k] and preset[k] != v]
-    if lost:
-        raise ConfigError("--run-config: " + ", ".join(lost) + " equals pyproject.toml's value, "
-                          "which Flower passes for every key the user did not give, so the "
-                          "preset's value would win; edit the preset, or give the keys without "
-                          "it")
-
-
 def with_results_dir(run_config: str, results: Path, home: Path) -> str:
     """The ``--run-config`` for `flwr run`: ``results-dir`` first, then the user's keys (which
-    win). Flower takes a TOML file only on its own, so a file's keys go into a copy under
-    FLWR_HOME with ``results-dir`` added."""
+    win), and beside a preset 'preset-overrides' naming them (``config.naming_given_keys``).
+    Flower takes a TOML file only on its own, so a file's keys go into a copy under FLWR_HOME
+    with ``results-dir`` added."""
+    from fedtune_app.config import naming_given_keys
     from fedtune_app.federated.flower_private import parse_config_args
 
     if not run_config.strip().endswith(".toml"):
-        check_preset_overrides(parse_config_args([run_config]) if run_config.strip() else {})
-        return f'results-dir="{results}" {run_config}'.strip()
+        given = parse_config_args([run_config]) if run_config.strip() else {}
+        named = naming_given_keys(given).get("preset-overrides")
+        extra = f' preset-overrides="{named}"' if named and "preset-overrides" not in given \
+            else ""
+        return f'results-dir="{results}" {run_config}{extra}'.strip()
     path = Path(run_config.strip()).expanduser()  # there: ``config_info.resolved`` checked
-    given = parse_config_args([str(path)])
-    check_preset_overrides(given)
+    given = naming_given_keys(parse_config_args([str(path)]))
     keys = {"results-dir": str(results)} | given
     copy = home / f"run-config-{path.stem}.toml"
     copy.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
@@ -127,16 +111,18 @@ def run(args) -> int:
     who sends one wants the run stopped. A simulation that failed to start (Ray on a busy
     machine: ``tools/startup.py``) is started once more, saying why; nothing was computed.
     Without ``--verbose`` only the lines of ``tools/run_view.py`` show; the log has them all."""
+    from fedtune_app.config import describe_settings, settings_origins
     from fedtune_app.data.scenarios import num_clients
     from fedtune_app.tools.app_stage import staged_app
-    from fedtune_app.tools.config_info import resolved
+    from fedtune_app.tools.config_info import flower_run_config, resolved
     from fedtune_app.tools.local_superlink import stop
     from fedtune_app.tools.preflight import preflight
     from fedtune_app.tools.pretrain import missing_checkpoints
 
     # a bad key, a missing file, a fleet the model cannot hold: said here, before Ray starts
     cfg = resolved(args.run_config)
-    preflight(cfg)
+    origins = settings_origins(flower_run_config(args.run_config))
+    data_line = preflight(cfg, origins)
     if missing := missing_checkpoints(cfg):
         raise ConfigError("the run's backbone checkpoints are missing: " + "; ".join(missing))
     app = Path(args.app).resolve()
@@ -156,6 +142,8 @@ def run(args) -> int:
                "--run-config", run_config]
     log_path = home / "last-run.log"
     print(what_runs(cfg))
+    print(f"fedtune run: {describe_settings(origins)}")
+    print(f"fedtune run: {data_line}")
     print(f"fedtune run: starting Flower's simulation (Ray starts the nodes: about 30 s); full "
           f"log: {log_path}{'' if args.verbose else ' (or --verbose)'}", flush=True)
     seen = FlwrRun()  # the attempt streaming now
@@ -218,17 +206,14 @@ class FlwrRun:
 
 
 def what_runs(cfg) -> str:
-    """The run in one line: method, model, data and its sizes, clients, rounds."""
+    """The run in one line: method, model, clients, rounds (its data: ``describe_data``)."""
     from fedtune_app.data.groups import group_specs, num_groups
 
-    data = cfg.data
     model = (f"model groups {', '.join(g['model'] for g in group_specs(cfg.model))}"
              if num_groups(cfg.model) else cfg.model.model)
-    dataset = data.hf_dataset if data.dataset == "hf" else data.dataset
-    return (f"fedtune run: {cfg.method} on {model}, data {dataset} (train-subset "
-            f"{data.train_subset or 'all'}, test-subset {data.test_subset or 'all'}), "
-            f"{len(cfg.client_capacities)} clients of capacities {list(cfg.client_capacities)}, "
-            f"{cfg.federation.num_server_rounds} rounds")
+    return (f"fedtune run: {cfg.method} on {model}, {len(cfg.client_capacities)} clients of "
+            f"capacities {list(cfg.client_capacities)}, {cfg.federation.num_server_rounds} "
+            "rounds")
 
 
 def stream(command: list[str], env: dict[str, str], log, seen: FlwrRun,

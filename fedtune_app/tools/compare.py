@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fedtune_app.apps.inprocess import progress, run_inprocess
-from fedtune_app.config import ConfigError, parse_int_list, setup_logging
+from fedtune_app.config import ConfigError, naming_given_keys, parse_int_list, setup_logging
 from fedtune_app.data.fleet import describe, parse_fleet
 from fedtune_app.federated.flower_private import parse_config_args
 from fedtune_app.methods import METHODS, resolve_config
@@ -45,9 +45,13 @@ from fedtune_app.tools.analysis import (
 from fedtune_app.tools.preflight import preflight
 
 
+def run_config_of(method: str, run_config: dict) -> dict:
+    """One method's run config: the given keys and the method, each winning over a preset."""
+    return naming_given_keys(dict(run_config) | {"method": method})
+
+
 def run_method(method: str, run_config: dict, runs_dir: Path) -> Path:
-    return Path(run_inprocess(dict(run_config) | {"method": method,
-                                                  "results-dir": str(runs_dir)}))
+    return Path(run_inprocess(run_config_of(method, run_config) | {"results-dir": str(runs_dir)}))
 
 
 def summarize(method: str, folder: Path) -> dict:
@@ -168,11 +172,7 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
                               f"{', '.join(METHODS)}")
     settings = {}
     for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
-        cfg = resolve_config(dict(run_config) | {"method": method})
-        if cfg.method != method:  # pyproject's value beside a preset that sets another
-            raise ConfigError(f"--methods {method}: preset {cfg.preset!r} sets method = "
-                              f"{cfg.method!r}, which a method given as pyproject's own value "
-                              "cannot override; take a preset without a method")
+        cfg = resolve_config(run_config_of(method, run_config))
         preflight(cfg)
         if cfg.federation.fleet.strip():
             settings[method] = describe(cfg)

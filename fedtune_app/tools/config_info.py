@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fedtune_app.apps.evaluation import parameter_counts
-from fedtune_app.config import ConfigError, RunConfig, app_defaults
+from fedtune_app.config import ConfigError, RunConfig, app_defaults, naming_given_keys
 from fedtune_app.data.groups import group_config, group_specs
 from fedtune_app.data.scenarios import num_clients
 from fedtune_app.data.splits import run_num_classes
@@ -26,12 +26,20 @@ from fedtune_app.model.backbones import ModelSpec
 
 
 def resolved(run_config: str) -> RunConfig:
-    """The config a `flwr run . --run-config RUN_CONFIG` of this app resolves to."""
+    """The config `fedtune run --run-config RUN_CONFIG` resolves to (the keys beside a preset
+    named in 'preset-overrides', as `fedtune run` passes them)."""
     run_config = run_config.strip()
     if run_config.endswith(".toml") and not Path(run_config).expanduser().is_file():
         raise ConfigError(f"--run-config {run_config!r}: no such TOML file")
+    return resolve_config(flower_run_config(run_config))
+
+
+def flower_run_config(run_config: str) -> dict:
+    """What Flower hands the ServerApp for `fedtune run --run-config RUN_CONFIG`: pyproject's
+    keys, the given ones over them, named in 'preset-overrides' beside a preset."""
+    run_config = run_config.strip()
     given = parse_config_args([run_config]) if run_config else {}
-    return resolve_config({**app_defaults(), **given})
+    return {**app_defaults(), **naming_given_keys(given)}
 
 
 def supernodes_needed(run_config: str) -> int:

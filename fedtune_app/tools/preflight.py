@@ -15,16 +15,18 @@ from pathlib import Path
 
 from fedtune_app.config import ConfigError, RunConfig
 from fedtune_app.data.groups import group_depths, num_groups
+from fedtune_app.data.splits import describe_data
 from fedtune_app.methods import strategy_class
 from fedtune_app.model.backbones import ModelSpec, architecture_depth
 from fedtune_app.training.local import check_precision, pick_device
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Raise ConfigError for a run that would fail once Flower has started."""
+def preflight(cfg: RunConfig, origins: dict | None = None) -> str:
+    """Raise ConfigError for a run that would fail once Flower has started; else return the
+    line that says what data it uses (``describe_data``, with ``origins``)."""
     check_machine(cfg)
     check_fleet(cfg)
-    check_data(cfg)
+    return check_data(cfg, origins)
 
 
 def check_machine(cfg: RunConfig) -> None:
@@ -46,9 +48,12 @@ def check_fleet(cfg: RunConfig) -> None:
     strategy_class(cfg).check_fleet(cfg, list(cfg.client_capacities), model_depth(cfg))
 
 
-def check_data(cfg: RunConfig) -> None:
-    """The data the run reads. The place for ``fedtune_app.data``'s own checks (a data set that
-    cannot be read, no usable label or input column): call them from here."""
+def check_data(cfg: RunConfig, origins: dict | None = None) -> str:
+    """The data the run reads, loaded and split as the nodes will (a path that is not there, a
+    data set that cannot be read, no usable label or input column, sizes the split cannot
+    give): its description line (no tensor is made, so this takes what loading takes)."""
     folder = cfg.data.data_dir
     if folder and not Path(folder).expanduser().is_dir():
         raise ConfigError(f"run-config key 'data-dir' = {folder!r}: no such folder")
+    spec = None if num_groups(cfg.model) else ModelSpec.from_config(cfg.model, 2)
+    return describe_data(cfg.data, origins, spec)
