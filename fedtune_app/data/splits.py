@@ -1,9 +1,19 @@
 """Data sets behind one interface, a fixed train/test split, and seeded client partitions.
 
+Data flow one way, each step taking the last one's output:
+
+1. load (``load_raw``): the project's sources (``sources.py``) or the user's data through the
+   ``datasets`` loaders (``own.py``), columns picked and labels encoded there, as a ``Raw``;
+2. split (``plan_split``): train/test (``train_test_split``), validation set, subsets, as
+   positions in the ``Raw`` (nothing is tensorised yet: ``describe_data`` stops here);
+3. tensors (``load_data``): texts tokenised for the model, images prepared (or decoded a batch
+   at a time), as ``DataSplits``;
+4. partition (``client_examples``): a client's share of the training examples.
+
 ``load_data(data, spec)`` returns ``DataSplits`` (train/test ``Examples``, class names, optional
-domains); the sources themselves are in ``sources.py``. The train/test split (the data set's
-official one where it has one) and the test subset are fixed (``SPLIT_SEED``) so every method
-and every seed sees the same test set; so is the optional validation set carved out of the
+domains). The train/test split (the data set's official one where it has one, else
+``test-fraction`` of it) and the test subset are fixed (``SPLIT_SEED``) so every method and
+every seed sees the same test set; so is the optional validation set carved out of the
 training data (``validation-fraction``), which ``evaluation-split = validation`` evaluates in
 the test set's place. The training subset is fixed too, or drawn by the run's seed
 (``train-subset-draw = per-seed``). The split of training data over clients depends
