@@ -32,8 +32,9 @@ from fedtune_app.federated.strategy import ClientInfo, LayerPlanStrategy, RoundL
 FILE = "checkpoint.safetensors"
 META = "fedtune-checkpoint"
 # keys that may change between the stopped run and its resumption: none changes the state
+# ('preset-overrides' only names the keys a user gave: the values they resolve to are compared)
 MAY_CHANGE = ("num-server-rounds", "resume", "results-dir", "checkpoint-every", "round-timeout",
-              "eval-every", "eval-batch-size", "device", "min-nodes", "preset")
+              "eval-every", "eval-batch-size", "device", "min-nodes", "preset", "preset-overrides")
 
 
 def _client_facts(clients: list[ClientInfo]) -> list[dict]:
