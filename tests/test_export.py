@@ -360,9 +360,9 @@ def test_llama_decoder_export_is_the_library_forward(tmp_path):
 
 
 # -- the main job, trained for real and exported: every front door reproduces its accuracy -----
-# The pyproject default run (all-MiniLM-L6-v2, BBC News, FedRA, LoRA, mean pooling), shortened
+# The main job (preset main: all-MiniLM-L6-v2, BBC News, FedRA, LoRA, mean pooling), shortened
 # for a test: 2 clients, 80 training / 100 test articles, 32 tokens, 2 rounds (~40 s here)
-MAIN_JOB_SHORT = {"preset": "", "capacities": "6,4", "partitioner": "iid", "train-subset": 80,
+MAIN_JOB_SHORT = {"preset": "main", "capacities": "6,4", "partitioner": "iid", "train-subset": 80,
                   "test-subset": 100, "max-length": 32, "num-server-rounds": 2}
 
 
