@@ -104,15 +104,17 @@ def test_sigint_stops_the_run_and_everything_it_started_and_the_run_resumes(tmp_
     resumed = parse_config_args([command[command.index("--run-config") + 1]])
     assert resumed["resume"] == str(folder)
     # the same keys continue the run (in process here: the real SuperLink's part is above),
-    # for two more rounds, or three where done + 2 is pyproject's own count: beside the preset
-    # that would mean the preset's 2 (`check_preset_overrides`)
+    # for two more rounds, or three where done + 2 is pyproject's own count: beside the preset,
+    # without the 'preset-overrides' that `fedtune run` adds, that would mean the preset's 2
     rounds = done + 2 if done + 2 != app_defaults()["num-server-rounds"] else done + 3
     again = Path(run_inprocess(resumed | {"num-server-rounds": rounds,
                                           "results-dir": str(tmp_path / "resumed")}))
     before = json.loads((folder / "metrics.json").read_text())[:done]
     # each round's three train tasks went to one simulated node as one message and trained
     # there together: every client's metrics come from one Ray actor process, not the server's
-    assert "fedtune: client-engine batched: 3 clients' tasks to node" in log
+    # (the nodes' INFO lines: in the full log, not in the quiet view)
+    assert "fedtune: client-engine batched: 3 clients' tasks to node" in \
+        (home / "last-run.log").read_text()
     for m in before:
         assert not m["rejected"] and sorted(m["client-metrics"]) == ["0", "1", "2"], m
         pids = {c["pid"] for c in m["client-metrics"].values()}
