@@ -115,11 +115,12 @@ STABLE_AT_LAST = 3  # evaluations the difference must keep its side at
 # tiers whose test strata render the same examples in the same order: the test set's bootstrap
 # resamples an example's renderings together (mini: the six domains render the same 359 digits)
 CLUSTERED_TEST = {"mini"}
-# robustness under the exploratory rule, written with it: a claim is robust to the learning rate when, with every
-# arm at the papers' 0.01 (the same seeds, its own Holm family), its verdict is the same word and
-# its difference has the same sign, else sensitive, with both numbers; likewise for each check
-# below that names it. A stronger and a weaker stand-in backbone (width 64 and 16, a rate chosen
-# again on validation for each) are planned and have no runs: the report says so
+# robustness under the exploratory rule, written with it: a claim is robust to the learning rate
+# when, with every arm at the papers' 0.01 (the same seeds, its own Holm family), its verdict is
+# the same word and its difference has the same sign, else sensitive, with both numbers;
+# likewise for each check below that names it. A stronger and a weaker stand-in backbone (width
+# 64 and 16, a rate chosen again on validation for each) are planned and have no runs: the
+# report says so
 ROBUSTNESS_RULE = ("robust when the verdict with every arm at the papers' 0.01 (and under each "
                    "check that names the claim, e.g. the papers' 100 rounds) is the same word "
                    "with a difference of the same sign; else sensitive to it")
