@@ -1092,3 +1092,91 @@ def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():
     assert rank["seeds"] == list(range(10)) and 3 < rank["gap"].mean < 5
     assert rank["status"] == "NOT discriminative by the 15-point target"
     assert settings["fedra-uneven"]["status"] == "discriminative"
+
+
+# ---------------------------------------------------------------- rule v3's declarations
+
+def test_rule_v3_is_dated_and_its_confirmatory_seeds_are_fresh():
+    """Rule v3 carries its date and reasons; its seeds are ten that no stored record (claims,
+    checks, tuning) used, and the exploratory records stay on seeds 0-9."""
+    assert reg.RULE_V3_DATE == "2026-12-07" and "after" in reg.RULE_V3_REASON
+    assert [name for name, _ in reg.RULE_V3][:2] == ["seeds", "test-set error"]
+    seeds = reg.CONFIRMATORY_SEEDS["mini"]
+    assert seeds == tuple(range(200, 210))
+    used = {int(p.name.split("__seed")[1].split("_")[0]) for folder in ("runs", "tuning")
+            for p in (run_store.STORE / folder).rglob("*__seed*.json")}
+    assert used and not used & set(seeds)
+    assert not set(seeds) & ({100} | set(reg.TUNING_SEEDS))  # the calibration and tuning seeds
+
+
+def test_equivalence_claims_this_tier_cannot_show_are_labelled_and_left_out():
+    """A margin of 1 point under the mini tier's smallest detectable margin (1.78): the three
+    'similar' claims; FedRA's 'within 5 points' can be shown; a 'greater' claim has no margin."""
+    mini = [c for c in CLAIMS.values() if "mini" in tiers_of(c)]
+    labelled = sorted(c.id for c in mini if reg.cannot_show(c, "mini"))
+    assert labelled == ["fedra-t5-half-eq3-similar", "fedra-t5-mixed-eq3-similar",
+                        "fedra-t6-position-robust"]
+    assert not reg.cannot_show(CLAIMS["fedra-t1-near-alllarge"], "mini")
+    assert not reg.cannot_show(CLAIMS["fedra-t5-half-eq3-similar"], "cpu")  # no planning number
+    left = planning.confirmatory_left_out(mini, "mini")
+    assert sum("cannot show" in line for line in left) == 3
+    kept = {c.id for c in planning.confirmatory_claims(mini, "mini")}
+    assert not kept & set(labelled) and not any(i.startswith("heterotune-pooled") for i in kept)
+
+
+def test_families_count_each_hypothesis_once_and_are_declared_before_their_runs():
+    """The tier's family: every mini claim but the three it cannot show and the one whose runs
+    are another's (FlexiFed = Homo): 39 - 3 - 1 = 35; the 0.01 check holds the same members, the
+    100-round check its own claims among them (all 11 are members)."""
+    families = reg.v3_families("mini")
+    assert set(families) == {"mini", "mini: lr 0.01", "mini: rounds-100"}
+    assert len(families["mini"]) == 35 and families["mini: lr 0.01"] == families["mini"]
+    assert "heterotune-t1-vs-flexifed" not in families["mini"]
+    assert "heterotune-t1-vs-homo" in families["mini"]
+    assert families["mini: rounds-100"] == reg.CHECKS["rounds-100"].claims
+    assert reg.v3_families("cpu") == {}
+
+
+def test_the_confirmatory_campaign_runs_the_readmes_findings_first_on_its_seeds():
+    specs = planning.plan_runs([], "mini", confirmatory=True)
+    assert {s.seed for s in specs} == set(reg.CONFIRMATORY_SEEDS["mini"])
+    # the first block: FedRA against AllSmall in fedra-uneven, seed-major, gate arms first
+    assert [(s.setting, s.arm, s.seed) for s in specs[:3]] == [
+        ("fedra-uneven", "all-large", 200), ("fedra-uneven", "all-small", 200),
+        ("fedra-uneven", "fedra", 200)]
+    assert not any(s.setting.startswith("heterotune-pooled") for s in specs)
+    # 'fedra-eq3' runs only for the claims this tier cannot show
+    assert not any(s.arm == "fedra-eq3" for s in specs)
+    with pytest.raises(SystemExit, match="no confirmatory seeds"):
+        planning.plan_runs([], "cpu", confirmatory=True)
+
+
+def test_the_dry_run_lists_the_confirmatory_campaign(capsys):
+    cli.main(["run", "fedra-t1-vs-allsmall", "fedra-t5-half-eq3-similar", "--tier", "mini",
+              "--dry-run"])
+    out = capsys.readouterr().out
+    assert "confirmatory campaign of tier mini (rule v3 of 2026-12-07): seeds 200-209" in out
+    assert "left out: fedra-t5-half-eq3-similar: margin 1 under" in out
+    # fedra-t1-vs-allsmall: AllLarge, AllSmall and FedRA on ten seeds
+    assert out.count("__seed20") == 30 and "30 of 30 runs to do" in out
+    assert "core-hours" in out
+
+
+def test_on_the_committed_records_the_closed_form_leaves_no_word_to_the_bootstraps_seed():
+    """Rule v3 reads every mini claim's test-set error in closed form (each statistic is a
+    difference of headline accuracies on the same digits), so no replicate seed exists to move a
+    word; on the committed records of FedRA against InclusiveFL the bootstrap agrees with it to
+    its Monte Carlo error (four SDs of a SD from B = 1000 replicates, for two replicate seeds)."""
+    claim = CLAIMS["fedra-t1-vs-inclusivefl"]
+    records = planning.load_records("mini")
+    seeds = [s for s in range(10) if all((st, a, s) in records for _, st, a in claim.terms)]
+    assert len(seeds) == 10
+    runs = [[(c, verdicts._unpacked(records[st, a, s])) for c, st, a in claim.terms]
+            for s in seeds]
+    n = len(next(iter(next(iter(runs[0][0][1][0].values())).values())))
+    exact = cs.paired_test_se(runs, clustered=True)
+    assert 0 < exact < 2  # points: a few tenths on 359 digits
+    limit = exact * math.sqrt((n - 1) / n)  # the bootstrap's ideal value
+    for seed in (0, 1):
+        boot = cs.bootstrap_se(runs, 1000, seed, clustered=True)
+        assert abs(boot - limit) < 4 * cs.bootstrap_mc_error(limit, 1000)

@@ -291,3 +291,101 @@ def test_interval_side_of_each_direction():
     assert cs.interval_side(ci, "similar", 5.0) == "+"
     assert cs.interval_side(ci, "similar", 1.0) == "?"
     assert cs.interval_side(cs.t_interval([7.0, 8.0, 9.0]), "similar", 5.0) == "-"
+
+
+# ---------------------------------------------------------------- rule v3, part by part
+
+def test_closed_form_test_set_error_of_a_paired_difference():
+    """The difference of two accuracies on the same examples is linear in the examples'
+    weights: its standard error is that of the mean of the per-example differences."""
+    a, b = np.array([1, 1, 0, 1]), np.array([1, 0, 0, 0])
+    # d = 0, 1, 0, 1: mean 0.5, sum of squared deviations 4 x 0.25 = 1, var(ddof=1) = 1/3:
+    # se = sqrt(1/3 / 4) = 0.288675 -> 28.87 points (the plug-in, the bootstrap's limit:
+    # sqrt(0.25 / 4) = 0.25, i.e. sqrt(3/4) of it)
+    run = [[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b}}])]]
+    assert cs.paired_test_se(run) == pytest.approx(100 * math.sqrt(1 / 12), rel=1e-12)
+    # the same test set on ten seeds with the same results: the same error (it does not shrink)
+    assert cs.paired_test_se(run * 10) == pytest.approx(28.8675, abs=1e-4)
+    # two domains, headline their mean: x = [1, 1, 1, 0] (var 0.25, n 4), y = [1, 0]
+    # (var 0.5, n 2), each weighted 1/2: se^2 = (0.25 / 4 + 0.5 / 2) / 4 = 0.078125
+    two = [[(1.0, [{"0": {"x": np.array([1, 1, 1, 0]), "y": np.array([1, 0])}}])]]
+    assert cs.paired_test_se(two) == pytest.approx(100 * math.sqrt(0.078125), rel=1e-12)
+    # two renderings of the same 4 digits drawn together: u = (x + x') / 2 per digit
+    right = np.array([1, 0, 1, 1])  # scored alike: u = right, var 0.25, se^2 = 0.25 / 4
+    alike = [[(1.0, [{"0": {"plain": right, "rotated": right}}])]]
+    assert cs.paired_test_se(alike, clustered=True) == pytest.approx(25.0, rel=1e-12)
+    # scored oppositely the headline is 0.5 whatever digits are drawn
+    opposite = [[(1.0, [{"0": {"plain": right, "rotated": 1 - right}}])]]
+    assert cs.paired_test_se(opposite, clustered=True) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="different test sets"):
+        cs.paired_test_se([[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b[:3]}}])]])
+
+
+def test_the_bootstrap_converges_to_the_closed_form():
+    """On 200 examples the bootstrap's standard error is sqrt((n - 1) / n) of the closed form,
+    within its Monte Carlo error (one SD of a SD from B replicates: se / sqrt(2 (B - 1));
+    four of them, for every replicate seed tried)."""
+    rng = np.random.default_rng(7)
+    a, b = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+    run = [[(1.0, [{"0": {"all": a}}]), (-1.0, [{"0": {"all": b}}])]]
+    exact = cs.paired_test_se(run) * math.sqrt(199 / 200)
+    bound = 4 * cs.bootstrap_mc_error(exact, 4000)
+    assert cs.bootstrap_mc_error(1.0, 5001) == pytest.approx(0.01)  # 1 / sqrt(10000)
+    for seed in range(3):
+        assert abs(cs.bootstrap_se(run, 4000, seed) - exact) < bound
+
+
+def test_drift_towards_the_null_is_its_own_test():
+    """Three seeds' trends -1, -2, -3 of a positive difference ('greater'): mean -2, s = 1,
+    se = 1 / sqrt(3), t = -2 sqrt(3) on 2 df; P(T2 < -c) = (1 - c / sqrt(c^2 + 2)) / 2 =
+    (1 - sqrt(12 / 14)) / 2 = 0.037089: significant, it moves towards 0."""
+    sign = cs.towards_null(3.0, "greater")
+    assert sign == -1
+    p, trend = cs.drift_test([-1, -2, -3], 0.0, sign)
+    assert p == pytest.approx((1 - math.sqrt(12 / 14)) / 2, rel=1e-9)
+    assert trend.mean == -2 and trend.high == pytest.approx(-2 + T975 / math.sqrt(3))
+    # the same trend away from 0 (a negative difference that falls): p = 1 - 0.037089
+    assert cs.drift_test([-1, -2, -3], 0.0, cs.towards_null(-3.0, "greater"))[0] \
+        == pytest.approx(1 - 0.037089, abs=1e-6)
+    # a test-set error of the trend of 1 / sqrt(3) doubles the variance: t = -sqrt(6),
+    # P(T2 < -sqrt 6) = (1 - sqrt(6 / 8)) / 2 = 0.066987: no longer significant
+    p, trend = cs.drift_test([-1, -2, -3], 1 / math.sqrt(3), sign)
+    assert p == pytest.approx((1 - math.sqrt(0.75)) / 2, rel=1e-9) and p > cs.ALPHA
+    assert trend.high == pytest.approx(-2 + T975 * math.sqrt(2 / 3))
+    # where the null lies for the other directions
+    assert cs.towards_null(1.0, "within", 5.0) == -1 and cs.towards_null(-6, "within", 5) == 1
+    assert cs.towards_null(0.5, "similar", 1.0) == 1 and cs.towards_null(-0.5, "similar", 1) == -1
+    assert cs.towards_null(1.5, "similar", 1.0) == -1 and cs.towards_null(-2, "similar", 1) == 1
+
+
+def test_robustness_words_rest_on_the_paired_change():
+    """Four words: a change whose interval excludes 0 (Holm) shifts or is sensitive, never
+    robust; one that includes 0 is robust only inside the band, else not separable."""
+    def change(low, high):
+        return cs.Interval((low + high) / 2, low, high, 10, 1.0)
+
+    band = 2.56
+    # fedra-t1-near-alllarge-like: the word holds but the difference moves 3 points (p 0.001)
+    assert cs.change_word(change(-4.0, -2.0), 0.001, "refuted", "refuted", band) == "shifts"
+    assert cs.change_word(change(-4.0, -2.0), 0.001, "reproduced", "refuted", band) \
+        == "sensitive"
+    # fedra-t5-mixed-like: the word "differs" in sign only and the change includes 0: robust
+    # when its interval lies inside +-band, not separable when it reaches past it
+    assert cs.change_word(change(-1.2, 0.2), 0.3, "inconclusive", "inconclusive", band) \
+        == "robust"
+    assert cs.change_word(change(-3.0, 1.0), 0.4, "reproduced", "inconclusive", band) \
+        == "not separable"
+    # off 0 before Holm but not after: no word about the change, and never robust
+    assert cs.change_word(change(0.1, 1.0), 0.2, "reproduced", "reproduced", band) \
+        == "not separable"
+
+
+def test_a_family_is_reported_only_when_all_its_members_have_run():
+    """Holm on 0.01, 0.04, 0.03: sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 ->
+    running maximum 0.06; an absent member withholds the family instead of counting p = 1."""
+    members = ("a", "b", "c")
+    assert cs.family_holm(members, {"a": 0.01, "b": 0.04}) is None
+    assert cs.family_holm(members, {"a": 0.01, "b": 0.04, "c": math.nan}) is None
+    adjusted = cs.family_holm(members, {"a": 0.01, "b": 0.04, "c": 0.03, "x": 0.5})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert cs.gap_fraction(3.0, 12.0) == 0.25 and math.isnan(cs.gap_fraction(3.0, None))

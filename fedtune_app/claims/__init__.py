@@ -1,6 +1,6 @@
 """The claims harness (``fedtune claims``): the papers' claims checked on paired seeds.
 
-registry    the claims, their settings and arms, and the statistical plan fixed before any run
+registry    the claims, their settings and arms, the statistical plan and the two verdict rules
 entries     what a registry entry is: a setting, an arm, a claim, a robustness check
 stats       the tests, intervals, power and the gate's arithmetic
 store       what a run is, the hash that names its record, the records and the points read from them

@@ -102,8 +102,9 @@ def main(argv=None) -> int:
                        help="runs at once, each in its own process on one torch thread (e.g. "
                        "the machine's cores; default 1: one process, torch's own threads)")
     run.add_argument("--seeds", type=int, default=None,
-                     help="seeds 0..N-1 for every claim (default: each claim's fixed count on "
-                     "the tier: ten on mini, 3 or 5 elsewhere)")
+                     help="seeds 0..N-1 for every claim (exploratory on a tier with "
+                     "confirmatory seeds; default: each claim's fixed count on the tier: on "
+                     "mini the ten confirmatory seeds of rule v3, 3 or 5 elsewhere)")
     run.add_argument("--set", default="", metavar="'KEY=VALUE ...'",
                      help="run-config keys for every run, e.g. 'device=\"cuda\"'")
     run.add_argument("--data-dir", action="append", default=[], metavar="DATASET=DIR",
@@ -161,17 +162,35 @@ def main(argv=None) -> int:
             args.ids, args.seeds = args.ids or list(check.claims), args.seeds or check.seeds
             extra |= check.keys
         data_dirs = parse_data_dirs(args.data_dir)
+        # rule v3: a tier with confirmatory seeds runs them unless seeds are named (a check
+        # names its own: the exploratory ones it was planned on)
+        confirmatory = args.tier in reg.CONFIRMATORY_SEEDS and args.seeds is None
         if args.dry_run:
+            if confirmatory:
+                print_confirmatory(args.ids, args.tier)
             print_dry_run(plan_runs(args.ids, args.tier, args.seeds, extra=extra, arms=arms,
-                                    lr_mode=args.lr, data_dirs=data_dirs), args.rerun_older)
+                                    lr_mode=args.lr, data_dirs=data_dirs,
+                                    confirmatory=confirmatory), args.rerun_older)
             return 0
         setup_logging()
         run_claims(args.ids, args.tier, args.seeds, log=log, extra=extra, arms=arms,
                    lr_mode=args.lr, data_dirs=data_dirs, jobs=args.jobs,
-                   rerun_older=args.rerun_older)
+                   rerun_older=args.rerun_older, confirmatory=confirmatory)
     if not args.no_report:
         print(write_report())
     return 0
+
+
+def print_confirmatory(ids: list[str], tier: str) -> None:
+    """The confirmatory campaign's head: its rule, seeds, order and the claims it leaves out."""
+    from fedtune_app.claims.planning import confirmatory_left_out, match_claims
+
+    seeds = reg.CONFIRMATORY_SEEDS[tier]
+    print(f"confirmatory campaign of tier {tier} (rule v3 of {reg.RULE_V3_DATE}): seeds "
+          f"{seeds[0]}-{seeds[-1]}, the README's findings first "
+          f"({', '.join(reg.CONFIRMATORY_ORDER)}), then the others by priority")
+    for line in confirmatory_left_out(match_claims(ids, tier), tier):
+        print(f"left out: {line}")
 
 
 if __name__ == "__main__":

@@ -295,12 +295,15 @@ def run_claims(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = 
                store: Path = STORE, results: Path = RESULTS, log=print,
                extra: dict | None = None, arms: list[str] | None = None,
                lr_mode: str = "tuned", data_dirs: dict | None = None,
-               jobs: int = 1, rerun_older: bool = False) -> list[dict]:
+               jobs: int = 1, rerun_older: bool = False,
+               confirmatory: bool = False) -> list[dict]:
     """Run whatever the claims still need (finished runs are found by hash and skipped;
     ``rerun_older``: not those made by older code), one progress bar with an ETA over every
     round of the runs left (``jobs`` > 1: a line per finished run); the records of all runs.
-    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``: as ``plan_runs``."""
-    specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs)
+    ``extra``: keys for every run, e.g. {"device": "cuda"}; ``data_dirs``, ``confirmatory``: as
+    ``plan_runs``."""
+    specs = plan_runs(patterns, tier, seeds, store, extra, arms, lr_mode, data_dirs,
+                      confirmatory)
     return _run_specs(specs, store, results, log, "claims", jobs, rerun_older)
 
 

@@ -78,7 +78,7 @@ def arm_rates(tier: str, pairs, lr_mode: str = "tuned", store: Path = STORE) -> 
 def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = None,
               store: Path = STORE, extra: dict | None = None,
               arms: list[str] | None = None, lr_mode: str = "tuned",
-              data_dirs: dict | None = None) -> list[RunSpec]:
+              data_dirs: dict | None = None, confirmatory: bool = False) -> list[RunSpec]:
     """Every distinct run the claims need, in campaign order: priority blocks, seed-major within
     a block (seed 0 of every arm, then seed 1, ...), the gate's arms first in each seed.
     ``seeds``: 0..seeds-1 for every claim (default: each claim's fixed count on the tier).
@@ -86,7 +86,9 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
     the campaign per process or machine). On a tier that tunes rates, each arm runs at its
     chosen rate (``lr_mode='paper'``: at 0.01); an arm not tuned yet is an error.
     ``data_dirs``: dataset -> its ``data-dir``, set on the runs of that dataset only (the paper
-    tier reads NICO++ and DomainNet from two folders)."""
+    tier reads NICO++ and DomainNet from two folders).
+    ``confirmatory``: rule v3's campaign (``confirmatory_claims``) on the tier's confirmatory
+    seeds (the first ``seeds`` of them when given), the README's findings first."""
     _check_arms(arms)
     if "client-engine" in (extra or {}):  # the report would never read those records
         raise SystemExit("claims: --set client-engine makes records the report does not read; "
@@ -94,6 +96,9 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
     data_dirs = data_dirs or {}
     runs: dict[str, RunSpec] = {}
     claims = match_claims(list(patterns), tier)
+    numbers = range(MAX_SEEDS)
+    if confirmatory:
+        claims, numbers = confirmatory_claims(claims, tier), reg.CONFIRMATORY_SEEDS[tier]
     rates = arm_rates(tier, tier_pairs(claims), lr_mode, store)
     untuned = [p for p in tier_pairs(claims) if p not in rates and (not arms or p[1] in arms)]
     if untuned:
@@ -101,14 +106,13 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
                          f"{tier!r} (e.g. {untuned[0][1]} in {untuned[0][0]}): run `fedtune "
                          f"claims tune --tier {tier}` first, or `--lr paper` for the papers' "
                          "0.01")
-    for priority in sorted({c.priority for c in claims}):
-        block = [c for c in claims if c.priority == priority]
+    for block in campaign_blocks(claims, confirmatory):
         pairs = tier_pairs(block)
         need = {p: max((seeds or claim_seeds(c, tier)) for c in block if p in claim_arms(c))
                 for p in pairs}
-        for seed in range(max(need.values())):
+        for k, seed in enumerate(numbers[:max(need.values())]):
             for setting, arm in pairs:
-                if seed < need[setting, arm] and (not arms or arm in arms):
+                if k < need[setting, arm] and (not arms or arm in arms):
                     keys = run_config(tier, setting, arm, seed, rates[setting, arm])
                     keys |= extra or {}
                     if keys.get("dataset") in data_dirs:
@@ -121,6 +125,39 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
                          f"{' and '.join(local)}; give each its own: "
                          + " ".join(f"--data-dir {d}=DIR" for d in local))
     return list(runs.values())
+
+
+def campaign_blocks(claims: list[Claim], confirmatory: bool = False) -> list[list[Claim]]:
+    """The claims in the blocks a campaign runs one after another (seed-major inside each):
+    by priority; the confirmatory campaign first runs the README's findings one by one
+    (``CONFIRMATORY_ORDER``), then the others by priority."""
+    first = [[c] for i in (reg.CONFIRMATORY_ORDER if confirmatory else ())
+             for c in claims if c.id == i]
+    rest = [c for c in claims if not confirmatory or c.id not in reg.CONFIRMATORY_ORDER]
+    return first + [[c for c in rest if c.priority == p]
+                    for p in sorted({c.priority for c in rest})]
+
+
+def confirmatory_claims(claims: list[Claim], tier: str) -> list[Claim]:
+    """Rule v3's campaign among ``claims``: not a claim this tier cannot show
+    (``registry.cannot_show``), not one whose confirmatory seeds wait (``CONFIRMATORY_WAITS``)."""
+    if tier not in reg.CONFIRMATORY_SEEDS:
+        raise SystemExit(f"claims: tier {tier!r} has no confirmatory seeds (tiers with them: "
+                         f"{', '.join(reg.CONFIRMATORY_SEEDS)})")
+    return [c for c in claims if not reg.cannot_show(c, tier) and not reg.confirmatory_waits(c)]
+
+
+def confirmatory_left_out(claims: list[Claim], tier: str) -> list[str]:
+    """The claims the confirmatory campaign leaves out, each with why."""
+    out = []
+    for c in claims:
+        if reg.cannot_show(c, tier):
+            out.append(f"{c.id}: margin {c.margin:g} under the {tier} tier's smallest detectable "
+                       f"margin {reg.SMALLEST_DETECTABLE_MARGIN[tier]:g} (this tier cannot "
+                       "show it)")
+        elif why := reg.confirmatory_waits(c):
+            out.append(f"{c.id}: waits ({why})")
+    return out
 
 
 # the data sets read from a local 'data-dir' (fedtune_app/data/sources.py)

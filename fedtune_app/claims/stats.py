@@ -1,5 +1,7 @@
-"""The statistics behind a claim's verdict, fixed before any run (``registry`` holds the
-plan: seeds, margins and their reasons, the learning-rate grid).
+"""The statistics behind a claim's verdict (``registry`` holds the plan: seeds, margins and
+their reasons, the learning-rate grid, and the two verdict rules with their dates: the
+exploratory ``VERDICT_RULE``, written after most of the runs it judges, and ``RULE_V3``, written
+before the confirmatory seeds; the functions of rule v3 are at the end of this module).
 
 Every method of a claim runs on the same seeds, and a seed fixes partition, training subset,
 allocation draws, sampling and initial adapters for all of them, so a claim's evidence is one
@@ -406,3 +408,110 @@ def bootstrap_se(runs: list[list[tuple[float, list[dict]]]], replicates: int = 1
     per_seed = [sum(c * np.mean([headline(ev, weights) for ev in evaluations], axis=0)
                     for c, evaluations in seed_terms) for seed_terms in runs]
     return 100 * float(np.std(np.mean(per_seed, axis=0), ddof=1))
+
+
+# ---------------------------------------------------------------- rule v3 (registry ``RULE_V3``)
+
+def paired_test_se(runs: list[list[tuple[float, list[dict]]]], clustered: bool = False) -> float:
+    """Standard error (points) of a claim's seed-mean statistic from sampling the test set, in
+    closed form (``runs`` as ``bootstrap_se``).
+
+    The statistic is linear in the test examples: headline = mean over groups of mean over
+    strata of mean over a stratum's n examples, then the mean over the window's evaluations,
+    the sum over the terms with their coefficients and the mean over seeds. So it is
+    sum over strata s of (1/n_s) sum_i u_si, where u_si collects every coefficient and weight
+    that example i of stratum s carries (the per-example paired difference). Resampling each
+    stratum's examples, the mean of u_s has variance var(u_s) / n_s; the strata are drawn
+    independently, so the variances add: se^2 = sum_s var(u_s, ddof=1) / n_s. ``clustered``
+    (a digit's renderings in every stratum, drawn together): one unit per digit,
+    u_i = sum_s u_si, se^2 = var(u, ddof=1) / n. The bootstrap's ideal value (infinitely many
+    replicates) is sqrt((n - 1) / n) of this, the plug-in variance; ddof = 1 is the unbiased
+    one (at n = 359 they differ by 0.14%)."""
+    units: dict = {}
+    n_seeds = len(runs)
+    for seed_terms in runs:
+        for coefficient, evaluations in seed_terms:
+            for ev in evaluations:
+                for strata in ev.values():
+                    weight = coefficient / (n_seeds * len(evaluations) * len(ev) * len(strata))
+                    for s, a in strata.items():
+                        key = "all" if clustered else s
+                        a = np.asarray(a, float)
+                        if key in units and len(units[key]) != len(a):
+                            raise ValueError("runs scored on different test sets: no common "
+                                             "per-example difference")
+                        units[key] = units.get(key, np.zeros(len(a))) + weight * a
+    if not units:
+        raise ValueError("no per-example results: no closed-form test-set error")
+    return 100 * math.sqrt(sum(float(u.var(ddof=1)) / len(u) for u in units.values()))
+
+
+def bootstrap_mc_error(se: float, replicates: int) -> float:
+    """The Monte Carlo standard error of a bootstrap standard error from ``replicates``
+    replicates: se / sqrt(2 (B - 1)) (the sampling error of a standard deviation of B nearly
+    normal values)."""
+    return se / math.sqrt(2 * (replicates - 1))
+
+
+def se_interval(mean: float, se: float, n: int, confidence: float = 0.95) -> Interval:
+    """mean +- t((1 + confidence) / 2, n - 1) x se: an interval whose standard error already
+    holds every error source (``combined_interval``'s, from its parts)."""
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * se
+    return Interval(mean, mean - half, mean + half, n, math.nan, confidence)
+
+
+def combined_se(values, test_se: float) -> float:
+    """sqrt(s^2 / n + test_se^2): the seeds' spread and the test set's error together."""
+    x = np.asarray(values, dtype=float)
+    return math.sqrt(float(x.var(ddof=1)) / len(x) + (test_se if test_se > 0 else 0.0) ** 2)
+
+
+def towards_null(mean: float, direction: str, margin: float = 0.0) -> int:
+    """The sign of a movement of the difference towards the boundary its verdict is about:
+    'greater' towards 0, 'within' towards -margin, 'similar' towards the nearer margin from
+    inside (away from 0) and towards the inside from outside."""
+    boundary = {"greater": 0.0, "within": -margin}.get(direction)
+    if boundary is None:  # similar
+        inside = -margin < mean < margin
+        return (1 if mean >= 0 else -1) if inside else (-1 if mean >= margin else 1)
+    return -1 if mean > boundary else 1
+
+
+def drift_test(trends, test_se: float, sign: int) -> tuple[float, Interval]:
+    """Rule v3's own test of 'unstable': per-seed trends of the difference (``window_gain`` of
+    each seed's difference curve), with the test set's error of the trend; H1: the trend's mean
+    moves the way ``sign`` (``towards_null``) points, one-sided t with n - 1 degrees of freedom.
+    Returns (p, the trend's 95% interval with both errors)."""
+    x = np.asarray(trends, dtype=float)
+    n, mean = len(x), float(x.mean())
+    se = combined_se(x, test_se) or 1e-300
+    p = float(stats.t.sf(sign * mean / se, n - 1))
+    return p, se_interval(mean, se, n)
+
+
+def family_holm(members, p_values: dict) -> dict | None:
+    """Rule v3's family rule: Holm over a family declared in advance, only when every member
+    has its p (None while any is missing or NaN: the family is not reported, and no absent
+    member counts as p = 1)."""
+    ps = [p_values.get(m, math.nan) for m in members]
+    if not members or not all(math.isfinite(p) for p in ps):
+        return None
+    return holm(dict(zip(members, ps)))
+
+
+def change_word(change: Interval, p_holm: float, word_before: str, word_after: str,
+                band: float) -> str:
+    """Rule v3's robustness word from the paired change of a claim's difference between two
+    conditions (same seeds; ``change``: its 95% interval with both errors, ``p_holm``: its
+    two-sided test of 0, Holm over the check's family): a change that excludes 0 is never
+    robust, and only such a change carries 'shifts' or 'sensitive'."""
+    if p_holm < ALPHA:
+        return "sensitive" if word_before != word_after else "shifts"
+    if -band < change.low <= 0 <= change.high < band:
+        return "robust"
+    return "not separable"  # wide, or off 0 before Holm only: no word about the change
+
+
+def gap_fraction(difference: float, gap: float | None) -> float:
+    """A difference as a fraction of its setting's AllLarge - AllSmall (NaN without a gap)."""
+    return difference / gap if gap else math.nan
