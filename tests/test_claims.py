@@ -852,10 +852,15 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         planning.plan_runs([], "mini", store=tmp_path)
     # the committed tuning records choose a rate from the grid for every arm of every claim but
-    # FlexiFed on overlapping slices, added after the tuning campaign (10 runs: one per seed)
-    arms = sorted({s.arm for s in specs} - {"flexifed-overlap"})
-    tuned = planning.plan_runs([], "mini", arms=arms)
-    assert len(tuned) == len(specs) - 10
+    # the arms added after the tuning campaign (FlexiFed on overlapping slices, the comparators
+    # at their papers' strength, adapter-Homo and Table 4's ablations: 8 arms) and the
+    # partition check's setting (4 arms), 10 runs each
+    late = {"flexifed-overlap", "fedmd-whole", "feddf-paper", "pfedlora-shared",
+            "heterotune-within-group", "heterotune-no-lw", "heterotune-no-reg",
+            "heterotune-no-lw-reg"}
+    arms = sorted({s.arm for s in specs} - late)
+    tuned = planning.plan_runs([i for i in mini if "-dirichlet-" not in i], "mini", arms=arms)
+    assert len(tuned) == len(specs) - (8 + 4) * 10
     assert {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
