@@ -801,8 +801,10 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     mini = [c.id for c in CLAIMS.values() if "mini" in tiers_of(c)]
     # every claim of FedRA's and FedBRICK's tables and of HeteroTune's ViT tables (1 and 5),
     # (in the domain-silo variant and in the paper's design: 7 each), and the six of the
-    # LoRA-rank papers' abstracts
-    assert len(mini) == 26 + 7 + 6 and not any("-t3-" in i and "heterotune" in i for i in mini)
+    # LoRA-rank papers' abstracts; in the paper's design also Table 1's headline taken apart
+    # (2), Table 4's ablations (3) and the partition check (1)
+    assert len(mini) == 26 + 7 + 6 + 6 and not any("-t3-" in i and "heterotune" in i
+                                                   for i in mini)
     specs = planning.plan_runs([], "mini", lr_mode="paper")
     # distinct runs per seed, counted by hand from the registry: fedra-uneven 9 arms;
     # fedra-feature-label 4 (its own partition); mixed 10,10,6,6,4,4: AllSmall 4*6, FedRA,
@@ -815,9 +817,11 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     # AllSmall ignore the ratio): 9+4+4+4+2+3+2+2+1+1+8+2+2 = 44; LoRA ranks: mixed 8,8,4,4,2,2:
     # FedIT at rank 8 and at rank 2 (the gate), FedIT, FLoRA, FlexLoRA, HetLoRA; every client
     # at rank 8: FLoRA, FedEx-LoRA (its FedIT and gate are the mixed setting's): 6 + 2 = 8;
-    # model groups in the paper's design: 8 arms at 3:3:2:2, and HeteroTune and Homo at 6:2:1:1
-    # and at 1:1:2:6 (their gate: AllLarge and AllSmall at 3:3:2:2): 8 + 2 + 2 = 12
-    assert len(specs) == (44 + 8 + 12) * 10
+    # model groups in the paper's design: 8 arms at 3:3:2:2 plus adapter-Homo and Table 4's
+    # three ablations, HeteroTune and Homo at 6:2:1:1 and at 1:1:2:6 (their gate: AllLarge and
+    # AllSmall at 3:3:2:2), and the Dirichlet partition check's gate, HeteroTune and Homo:
+    # 12 + 2 + 2 + 4 = 20
+    assert len(specs) == (44 + 8 + 20) * 10
     assert {s.seed for s in specs} == set(range(10))
     one = next(s for s in specs if (s.setting, s.arm, s.seed) == ("fedra-uneven", "fedra", 3))
     assert {k: one.keys[k] for k in ("method", "seed", "capacities", "lr", "screen-updates",
@@ -848,10 +852,15 @@ def test_the_mini_tier_plans_every_claim_with_ten_seeds(tmp_path):
     with pytest.raises(SystemExit, match="fedtune claims tune --tier mini"):
         planning.plan_runs([], "mini", store=tmp_path)
     # the committed tuning records choose a rate from the grid for every arm of every claim but
-    # FlexiFed on overlapping slices, added after the tuning campaign (10 runs: one per seed)
-    arms = sorted({s.arm for s in specs} - {"flexifed-overlap"})
-    tuned = planning.plan_runs([], "mini", arms=arms)
-    assert len(tuned) == len(specs) - 10
+    # the arms added after the tuning campaign (FlexiFed on overlapping slices, the comparators
+    # at their papers' strength, adapter-Homo and Table 4's ablations: 8 arms) and the
+    # partition check's setting (4 arms), 10 runs each
+    late = {"flexifed-overlap", "fedmd-whole", "feddf-paper", "pfedlora-shared",
+            "heterotune-within-group", "heterotune-no-lw", "heterotune-no-reg",
+            "heterotune-no-lw-reg"}
+    arms = sorted({s.arm for s in specs} - late)
+    tuned = planning.plan_runs([i for i in mini if "-dirichlet-" not in i], "mini", arms=arms)
+    assert len(tuned) == len(specs) - (8 + 4) * 10
     assert {s.keys["lr"] for s in tuned} <= {0.003, 0.01, 0.03, 0.1}
 
 
@@ -1180,3 +1189,34 @@ def test_on_the_committed_records_the_closed_form_leaves_no_word_to_the_bootstra
     for seed in (0, 1):
         boot = cs.bootstrap_se(runs, 1000, seed, clustered=True)
         assert abs(boot - limit) < 4 * cs.bootstrap_mc_error(limit, 1000)
+
+
+def test_mechanism_and_comparator_arms_hash_apart_from_the_old_records():
+    from fedtune_app.claims.registry import CLAIMS, claim_arms
+    from fedtune_app.claims.store import config_hash, run_config, run_key
+
+    def hash_of(arm, setting="heterotune-pooled"):
+        return config_hash(run_config("mini", setting, arm, 0, 0.01))
+
+    # each strengthened comparator and each mechanism arm is its own run, not its base arm's
+    pairs = [("fedmd-whole", "fedmd"), ("feddf-paper", "feddf"), ("pfedlora-shared", "pfedlora"),
+             ("heterotune-within-group", "heterotune"), ("heterotune-no-lw", "heterotune"),
+             ("heterotune-no-reg", "heterotune"), ("heterotune-no-lw-reg", "heterotune-no-lw")]
+    for new, old in pairs:
+        assert hash_of(new) != hash_of(old), new
+    # the old arms keep the keys their records were made with: FedMD on adapters (the key's
+    # default, left out of the hash), FedDF's one-pass stand-in
+    assert "client-trains" not in run_key(run_config("mini", "heterotune-pooled", "fedmd", 0))
+    assert run_key(run_config("mini", "heterotune-pooled", "feddf", 0))[
+        "feddf-distillation"] == "epochs"
+    # the pooled Table 1 claims run the strengthened arms; the decomposition adds up
+    assert ("heterotune-pooled", "fedmd-whole") in claim_arms(
+        CLAIMS["heterotune-pooled-t1-vs-fedmd"])
+    sharing, adapters = (CLAIMS[f"heterotune-pooled-t1-{p}"] for p in ("sharing", "adapters"))
+    total = {}
+    for c, _, a in sharing.terms + adapters.terms:
+        total[a] = total.get(a, 0.0) + c
+    assert {a: c for a, c in total.items() if c} == {"heterotune": 1.0, "homo": -1.0}
+    # the partition check: plain Dirichlet over 50 clients
+    keys = run_config("mini", "heterotune-pooled-dirichlet", "heterotune", 0)
+    assert (keys["partitioner"], keys["capacities"]) == ("dirichlet", "1*50")

@@ -176,7 +176,8 @@ def test_feddf_full_distils_into_the_whole_weights(tmp_path):
     from test_comparators import TWO_GROUPS, results, run_recording
 
     folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7,
-                                           "client-trains": "full"}, tmp_path)
+                                           "client-trains": "full", "feddf-val-fraction": 0},
+                                          tmp_path)
     metrics, state = results(folder)
     assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
     # the state is the distilled one, not the plain group mean of the last replies

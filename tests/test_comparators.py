@@ -453,12 +453,13 @@ def test_feddf_defaults_are_its_papers():
     cfg = resolve_config({k: v for k, v in TWO_GROUPS.items() if k != "preset"}
                          | {"method": "feddf"})
     assert (cfg.own.feddf_distillation, cfg.own.feddf_lr, cfg.own.feddf_steps,
-            cfg.own.feddf_patience) == ("paper", 1e-3, 10_000, 1000)
+            cfg.own.feddf_patience, cfg.own.feddf_val_fraction) == ("paper", 1e-3, 10_000, 1000,
+                                                                    0.1)
 
 
 def test_feddf_two_rounds_end_to_end(tmp_path):
-    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7},
-                                          tmp_path)
+    folder, _, replies, _ = run_recording({**TWO_GROUPS, "method": "feddf", "feddf-steps": 7,
+                                           "feddf-val-fraction": 0}, tmp_path)
     metrics, state = results(folder)
     assert [m["round"] for m in metrics] == [1, 2] and not any(m["rejected"] for m in metrics)
     assert set(metrics[-1]["accuracy-per-model-group"]) == {"0", "1"}
@@ -494,3 +495,47 @@ def test_pfedlora_phase_lengths(keys, epochs):
                loss_fn=loss_fn, server_round=1)
     # phase 1: the local part with C frozen; phase 2: C alone
     assert steps == [False] * epochs[0] + [True] * epochs[1]
+
+
+def test_pfedlora_shared_passes_make_one_pass_a_round():
+    from fedtune_app.data.groups import group_config
+    from fedtune_app.methods import recipe_for
+    from fedtune_app.model.backbones import ModelSpec
+
+    cfg = resolve_config({**TWO_GROUPS, "method": "pfedlora", "local-epochs": 1,
+                          "batch-size": 1, "pfedlora-passes": "shared"})
+    recipe = recipe_for(cfg, 0)
+    model = recipe.build(ModelSpec.from_config(group_config(cfg, 0).model, 10))
+    plan = tuple(range(model.num_blocks))
+    params = recipe.trainables(model, plan)
+    cores = [p for n, p in params.items() if ".lora_C." in n]
+    data = run_splits(cfg).train.subset(range(5))  # batch 1: one step per example
+    steps = []
+
+    def loss_fn(inputs, labels):
+        steps.append(cores[0].requires_grad)
+        return nn.functional.cross_entropy(model(inputs, plan), labels)
+
+    recipe.fit(model, plan, params, data, seed=0, device=torch.device("cpu"),
+               loss_fn=loss_fn, server_round=1)
+    # 5 examples, one pass in all: 2 with C frozen (the first half), then 3 training C
+    assert steps == [False] * 2 + [True] * 3
+
+
+def test_fedmd_whole_models_send_whole_model_tensors(tmp_path):
+    from fedtune_app.methods.fedmd import CONSENSUS
+
+    folder, _, replies, cfg = run_recording({**TWO_GROUPS, "method": "fedmd",
+                                             "client-trains": "heterotune"}, tmp_path)
+    assert cfg.adapter.client_trains == "full"
+    metrics, _ = results(folder)
+    assert not any(m["rejected"] for m in metrics)
+    for tensors, _ in replies[2]:
+        names = set(tensors) - {CONSENSUS}
+        assert not any("lora_" in n for n in names)  # no adapters: the weights themselves
+        g = next(iter(names)).split(".")[1]
+        assert f"groups.{g}.blocks.0.mlp.fc2.weight" in names
+        assert f"groups.{g}.patch_embed.proj.weight" in names or any(
+            ".blocks.0.attn.qkv.weight" in n for n in names)
+    # the adapter reading stays a key
+    assert resolve_config({**TWO_GROUPS, "method": "fedmd"}).adapter.client_trains == "adapters"

@@ -217,3 +217,48 @@ def test_table2_parameter_counts_by_hand():
     assert [r["trainable-params"] for r in rows] == [TRAINED[0], TRAINED[1]]
     assert [r["received-params"] - r["trainable-params"] for r in rows] == [256, 256]
     assert rows[0]["reduction-%"] == pytest.approx(100 * (1 - TRAINED[0] / rows[0]["model-params"]))
+
+
+def test_within_group_sharing_keeps_every_group_to_its_own_share_adapters():
+    # adapter-Homo: each group its own copy of the share bank, averaged over its clients only
+    cfg = resolve_config(CFG | {"heterotune-sharing": "within-group"})
+    clients = [ClientInfo(10 + i, i, 1, 10, f"c{i}", model_group=g)
+               for i, g in enumerate([0, 0, 1])]
+    one = lambda v: np.full((1, 1), v, np.float32)  # noqa: E731
+    state = {f"groups.{g}.share.adapter.0.{i}.down": one(1) for g in (0, 1) for i in (0, 1)}
+    strategy = strategy_class(cfg)(cfg, clients, 3, state)
+    assert strategy.client_payload(clients[2], ()) == [
+        "groups.1.share.adapter.0.0.down", "groups.1.share.adapter.0.1.down"]
+    assert strategy.reply_names(clients[2], strategy.client_payload(clients[2], ())) == [
+        "groups.1.share.adapter.0.1.down"]  # its own branch only
+    new = strategy.aggregate([
+        ClientUpdate("0", {"groups.0.share.adapter.0.0.down": one(5)}, 1),
+        ClientUpdate("1", {"groups.0.share.adapter.0.0.down": one(9)}, 3),
+        ClientUpdate("2", {"groups.1.share.adapter.0.1.down": one(3)}, 4)])
+    assert new["groups.0.share.adapter.0.0.down"].item() == (1 * 5 + 3 * 9) / 4   # 8, group 0
+    assert new["groups.1.share.adapter.0.1.down"].item() == 3                      # group 1
+    # a branch no group of its copy trains stays at its start: nothing crosses groups
+    assert new["groups.0.share.adapter.0.1.down"].item() == 1
+    assert new["groups.1.share.adapter.0.0.down"].item() == 1
+
+
+def test_within_group_run_never_mixes_the_groups_share_adapters(tmp_path):
+    folder = Path(run_inprocess({**CFG, "heterotune-sharing": "within-group",
+                                 "num-server-rounds": 2, "results-dir": str(tmp_path)}))
+    raw = {k.removeprefix("state/"): v
+           for k, v in load_file(str(folder / "checkpoint.safetensors")).items()
+           if k.startswith("state/")}
+    assert not any(n.startswith("share.") for n in raw)
+    eye = np.eye(8, dtype=np.float32)
+    for g, other in ((0, 1), (1, 0)):
+        own = raw[f"groups.{g}.share.adapter.0.{g}.up"]
+        assert np.abs(own - np.diag(np.diag(own))).max() > 0  # trained by its group
+        # the other group's branch in this group's copy: never trained, never received
+        np.testing.assert_array_equal(raw[f"groups.{g}.share.adapter.0.{other}.up"], eye)
+    # the two groups' own branches differ: no value crossed
+    assert not np.allclose(raw["groups.0.share.adapter.0.0.up"],
+                           raw["groups.1.share.adapter.0.0.up"])
+    saved = load_file(str(folder / "state.safetensors"))
+    expected = fuse_state(raw, [2, 3], 2)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)

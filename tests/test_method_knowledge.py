@@ -19,7 +19,8 @@ ALLOWED = {
        for m in METHODS},
     **{("claims/registry.py", k): "a claim's arm sets a method's key"
        for k in ("all-small-layers", "depthfl-headline", "feddf-distillation",
-                 "flexifed-aggregation")},
+                 "flexifed-aggregation", "heterotune-learnable-weights", "heterotune-reg",
+                 "heterotune-sharing", "pfedlora-passes")},
     ("claims/store.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
     ("claims/store.py", "all-small"): "the claims' shared AllSmall run (its canonical depth)",
     ("claims/store.py", "all-small-layers"): "a dynamic setting's AllSmall depth, folded into "

@@ -83,7 +83,7 @@ def resolve_client_trains(cfg: RunConfig) -> RunConfig:
         raise ConfigError(
             f"run-config key 'client-trains' = 'full' with method {cfg.method!r}: it trains "
             "adapters only (FedRA, FedBRICK, HeteroTune, pFedLoRA are defined on adapters; "
-            "DepthFL, InclusiveFL, FedMD are not enabled for full fine-tuning here); methods "
+            "DepthFL, InclusiveFL are not enabled for full fine-tuning here); methods "
             "with full fine-tuning: " + ", ".join(sorted(
                 m.name for m in METHODS.values()
                 if any(c is not None and c.full_fine_tuning

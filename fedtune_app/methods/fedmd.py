@@ -11,6 +11,14 @@ held out and excluded from every client's partition (``splits.public_split``). P
   5. Revisit: party k trains on its own private data (``local-epochs``), then goes to step 1.
 Round 1 has no consensus yet: parties only revisit and communicate (steps 5, 1).
 
+What a party trains: its whole model, as FedMD's paper does ("each party trains its model",
+its code fits every layer of each party's CNN: Keras model.fit on the whole model in both the
+digest and the revisit) with 'client-trains = full' or the HeteroTune presets' 'heterotune';
+'client-trains = adapters' is the adapter reading (adapters + head on a frozen backbone), which
+HeteroTune's text neither states nor rules out. The digest's budget: ``distill-epochs`` (FedMD's
+code: N_logits_matching_round = 1 epoch over the public alignment set a round) at
+``distill-lr``; both are keys, the rate chosen on validation like every arm's.
+
 Choices made here:
   * FedMD keeps one model per party and exchanges no parameters; HeteroTune's tables evaluate
     one global model per model group, so the parties' trainable tensors (adapters, head) are
@@ -76,6 +84,7 @@ class FedMDRecipe(ClientRecipe):
 
 
 class FedMD(GroupStrategy):
+    full_fine_tuning = True  # FedMD's parties train their whole models; averaged as they come
     name = "fedmd"
     unscreened = (CONSENSUS,)  # scores on the public set replace the last ones: no update
     private_aggregation = False  # the consensus averages every client's scores in the clear
@@ -109,9 +118,10 @@ class DistillConfig(ConfigPart):
         "data; HeteroTune: 20%)")
     distill_epochs: int = config_key(1, minimum=1, help=
         "FedMD digest / FedDF server distillation with feddf-distillation = epochs: epochs over "
-        "the public set per round")
+        "the public set per round (FedMD's code: N_logits_matching_round = 1)")
     distill_lr: float = config_key(0.01, minimum=0, help=
-        "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in)")
+        "SGD learning rate of FedMD's digest (and FedDF's epochs stand-in); FedMD's own rate "
+        "is not stated in its paper: choose it on validation like every arm's")
 
 
 register_keys("the public set and distillation of FedMD and FedDF", DistillConfig)

@@ -38,6 +38,13 @@ Choices the paper leaves open, made here:
   * The branch weights are part of a group's local state (FedAvg within the group). Table 4's
     ablation "w/o LW" (no learnable weight) is ``heterotune-learnable-weights = false``: every
     a_i stays 1/M, untrained and not sent back; "w/o Reg" is ``heterotune-reg = 0``.
+  * The mechanism apart (not in the paper): ``heterotune-sharing = within-group`` keeps the
+    architecture, the training and every key above, but each model group holds its own copy of
+    the share-adapters (``groups.<g>.share.adapter.<p>.<i>.*``), averaged over that group's
+    clients only: Homo-training with HeteroTune's adapters. Group g trains only branch g, so
+    the other branches of its copy stay at their start (I_r), and no value crosses groups.
+    HeteroTune - this arm is what cross-model sharing adds; this arm - Homo is what the adapters
+    add against Homo's full fine-tuning.
   * The FedAdapter replaces the generic adapters: key 'adapter' (lora / bottleneck) is not used;
     'adapter-modules' chooses where FedAdapters sit and 'lora-r' is r. The paper inserts "the
     FedAdapter module into each block" without naming the layer; the default is every method's
@@ -56,7 +63,7 @@ import torch
 from torch import nn
 
 from fedtune_app.config import ConfigPart, RunConfig, config_key
-from fedtune_app.data.groups import group_depths, num_groups, prefix
+from fedtune_app.data.groups import group_depths, group_of_name, num_groups, prefix
 from fedtune_app.federated.aggregation import ClientUpdate
 from fedtune_app.methods.model_groups import GroupStrategy
 from fedtune_app.methods.registry import register_method
@@ -65,6 +72,13 @@ from fedtune_app.model.backbones import build_backbone
 from fedtune_app.training.recipes import ClientRecipe
 
 SHARE = "share.adapter."
+
+
+def share_branch(name: str) -> int | None:
+    """The branch i of a share-adapter tensor (``[groups.<g>.]share.adapter.<p>.<i>.*``), else
+    None."""
+    rest = name.split(".", 2)[2] if group_of_name(name) is not None else name
+    return int(rest.split(".")[3]) if rest.startswith(SHARE) else None
 
 
 def share_positions(cfg: RunConfig) -> int:
@@ -175,10 +189,13 @@ class HeteroTuneRecipe(ClientRecipe):
 
     def cache_key(self):
         return (num_groups(self.cfg.model), share_positions(self.cfg),
-                self.cfg.own.heterotune_learnable_weights)
+                self.cfg.own.heterotune_learnable_weights, self.cfg.own.heterotune_sharing)
 
     def wire(self, name):
-        return name if name.startswith(SHARE) else super().wire(name)
+        """Share-adapters keep their unprefixed names (one value for every group), unless each
+        group holds its own copy (``heterotune-sharing = within-group``)."""
+        shared = name.startswith(SHARE) and self.cfg.own.heterotune_sharing == "cross-model"
+        return name if shared else super().wire(name)
 
     def build(self, spec, backbone=build_backbone):
         return attach_fedadapters(backbone(spec), self.cfg, self.group)
@@ -209,7 +226,7 @@ class HeteroTuneRecipe(ClientRecipe):
 
     def begin(self, params, context):
         self._shares = {n: (p, p.detach().clone()) for n, p in params.items()
-                        if n.startswith(SHARE)}
+                        if share_branch(n) is not None}
 
     def loss(self, model, plan, inputs, labels):
         loss = nn.functional.cross_entropy(model(inputs, plan), labels)
@@ -226,10 +243,11 @@ class HeteroTuneRecipe(ClientRecipe):
 def fuse_state(state: dict[str, np.ndarray], depths: list[int],
                positions: int) -> dict[str, np.ndarray]:
     """The saved global model, Eq. 6: per group, each FedAdapter's A' and B' (``...adapter.A``,
-    ``...adapter.B``) and the head; no share-adapters or branch weights remain."""
+    ``...adapter.B``) and the head; no share-adapters or branch weights remain. A group's own
+    copy of the share-adapters (within-group sharing) is used where the state has one."""
     out = {}
     for name, value in state.items():
-        if name.startswith(SHARE) or name.endswith(".adapter.up") or \
+        if share_branch(name) is not None or name.endswith(".adapter.up") or \
                 name.endswith(".adapter.branch"):
             continue
         if not name.endswith(".adapter.down"):
@@ -238,7 +256,8 @@ def fuse_state(state: dict[str, np.ndarray], depths: list[int],
         base = name.removesuffix("down")
         g, j = int(name.split(".")[1]), int(name.split(".")[3])
         p, a = position(j, depths[g], positions), state[base + "branch"]
-        s = {w: sum(a[i] * state[f"{SHARE}{p}.{i}.{w}"] for i in range(len(a)))
+        share = prefix(g) + SHARE if prefix(g) + SHARE + "0.0.down" in state else SHARE
+        s = {w: sum(a[i] * state[f"{share}{p}.{i}.{w}"] for i in range(len(a)))
              for w in ("down", "up")}
         out[base + "A"] = value @ s["down"]
         out[base + "B"] = s["up"] @ state[base + "up"]
@@ -261,9 +280,10 @@ class HeteroTune(GroupStrategy):
         return super().client_payload(client, plan) + self.shared
 
     def reply_names(self, client, names):
-        own = prefix(client.model_group)
-        return [n for n in names if (n.startswith(own) and not is_fixed_branch(n, self.cfg))
-                or (n.startswith(SHARE) and n.split(".")[3] == str(client.model_group))]
+        """Its group's tensors and its own share branch, less fixed branch weights."""
+        own, g = prefix(client.model_group), client.model_group
+        return [n for n in names if share_branch(n) in (None, g)
+                and not is_fixed_branch(n, self.cfg) and (n.startswith(own) or n.startswith(SHARE))]
 
     def aggregate(self, updates):
         # Alg. 1 line 16 averages each share-adapter over all clients: a frozen branch counts
@@ -285,6 +305,12 @@ class HeteroTuneConfig(ConfigPart):
     heterotune_learnable_weights: bool = config_key(True, help=
         "HeteroTune: train the branch weights a_i of the cross-model aggregator (false: fixed at "
         "1/M, Table 4's 'w/o LW' ablation; 'w/o Reg' is heterotune-reg = 0)")
+    heterotune_sharing: str = config_key("cross-model", choices=("cross-model", "within-group"),
+                                         help=
+        "HeteroTune: 'cross-model' (the paper, Alg. 1 line 16: every share-adapter averaged over "
+        "all clients) or 'within-group' (each model group its own copy of the share-adapters, "
+        "averaged over its own clients: Homo-training with HeteroTune's adapters, no cross-model "
+        "sharing; not in the paper, it takes the mechanism apart)")
     heterotune_share_positions: int = config_key(0, minimum=0, help=
         "HeteroTune: share-adapter positions P; block j of an L-block model uses position "
         "floor(j*P/L) (0 = the smallest depth among the model groups)")

@@ -18,7 +18,11 @@ Algorithm, per round:
      knowledge): ``pfedlora-model-epochs`` then ``pfedlora-adapter-epochs`` epochs (0 =
      ``local-epochs`` each). pFedLoRA's own numbers for the two phases could not be read here
      (no copy of its experimental section offline): set them to its paper's before citing a
-     pFedLoRA row;
+     pFedLoRA row. ``pfedlora-passes``: by default (``per-phase``) each phase passes over all
+     the client's data, two passes a round where HeteroTune makes one (its clients train
+     ``local-epochs`` over their data, HeteroTune Sec. 4.1); ``shared`` gives HeteroTune's
+     budget: the client's examples are cut in two seeded halves, phase 1 trains on one and
+     phase 2 on the other, so both phases together pass over the data once per epoch;
   3. server: every homogeneous adapter of position k (any group, any block mapped to k) is
      averaged over all clients that sent it (example-weighted) -- the global adapter; A_g, B_g
      and the head are averaged within group g only.
@@ -142,15 +146,26 @@ class PFedLoRARecipe(ClientRecipe):
         own, training = self.cfg.own, self.cfg.training
         epochs = [own.pfedlora_model_epochs or training.local_epochs,
                   own.pfedlora_adapter_epochs or training.local_epochs]
+        data = phase_data(examples, own.pfedlora_passes, seed)
         for phase, (train, frozen) in enumerate(((local, cores), (cores, local))):
             for p in frozen.values():
                 p.requires_grad_(False)
-            loss = train_local(subnet, list(train.values()), examples,
+            loss = train_local(subnet, list(train.values()), data[phase],
                                dataclasses.replace(training, local_epochs=epochs[phase]),
                                seed=seed + phase, device=device, loss_fn=loss_fn)
             for p in frozen.values():
                 p.requires_grad_(True)
         return loss  # of the last phase
+
+
+def phase_data(examples, passes: str, seed: int) -> tuple:
+    """The examples of phase 1 and phase 2: all of them each (``per-phase``), or two halves of
+    a seeded permutation (``shared``; a one-example client trains on it in both phases)."""
+    if passes == "per-phase" or len(examples) < 2:
+        return examples, examples
+    order = np.random.default_rng(seed).permutation(len(examples))
+    cut = len(examples) // 2
+    return examples.subset(np.sort(order[:cut])), examples.subset(np.sort(order[cut:]))
 
 
 class PFedLoRA(GroupStrategy):
@@ -173,6 +188,11 @@ class PFedLoRAConfig(ConfigPart):
     pfedlora_adapter_epochs: int = config_key(0, minimum=0, help=
         "pFedLoRA iterative training, phase 2: epochs of the homogeneous adapter with the local "
         "part frozen (0 = 'local-epochs')")
+    pfedlora_passes: str = config_key("per-phase", choices=("per-phase", "shared"), help=
+        "pFedLoRA: 'per-phase', each phase over all the client's data (its iterative training, "
+        "Sec. 4.2: the local model, then the adapter; two passes a round where HeteroTune makes "
+        "one), or 'shared': the phases take two seeded halves of the data, one pass a round in "
+        "all, HeteroTune's local budget")
 
 
 

@@ -79,7 +79,8 @@ def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, tar
     mini-batches of ``public`` (reshuffled each pass). With ``validate`` (-> accuracy), the
     model is validated first and every ``eval_every`` steps; once ``patience`` steps have
     passed since the best accuracy, it stops, and the best parameters are kept (the start's
-    when nothing beat it). Returns the number of steps taken. A run of more than a few seconds
+    when nothing beat it; the last step is validated too when it falls between checks).
+    Returns the number of steps taken. A run of more than a few seconds
     logs its progress (``what``: the phase's name in those lines)."""
     target = torch.as_tensor(targets, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(params, lr=lr)
@@ -119,6 +120,9 @@ def distill_steps(model, plan, params: list[nn.Parameter], public: Examples, tar
                     best = now
                 elif taken - best[1] >= patience:
                     break
+    if validate and taken % eval_every:  # the last steps, validated like the others
+        now = best_so_far(taken)
+        best = now if now[0] > best[0] else best
     model.eval()
     if validate:
         with torch.no_grad():
