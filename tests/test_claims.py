@@ -1221,3 +1221,18 @@ def test_mechanism_and_comparator_arms_hash_apart_from_the_old_records():
     # the partition check: plain Dirichlet over 50 clients
     keys = run_config("mini", "heterotune-pooled-dirichlet", "heterotune", 0)
     assert (keys["partitioner"], keys["capacities"]) == ("dirichlet", "1*50")
+
+
+def test_claims_registered_after_the_exploratory_campaign_stay_out_of_its_family():
+    """The exploratory rule's Holm family is its 39 claims, FlexiFed-equals-Homo counted once:
+    38 hypotheses, so its smallest p is multiplied by 38 (Holm's first step), whatever claims
+    were registered after it without records."""
+    rows = verdicts.evaluate("mini")
+    ids = {r["claim"].id for r in rows}
+    assert reg.AFTER_EXPLORATORY <= ids and len(ids) == 45
+    family = [r for r in rows if not r["claim"].same_as
+              and r["claim"].id not in reg.AFTER_EXPLORATORY]
+    assert len(family) == 38
+    first = min((r for r in family if r["tested"]), key=lambda r: r["verdict"].p)
+    assert first["verdict"].p_holm == pytest.approx(min(1.0, 38 * first["verdict"].p),
+                                                    rel=1e-12)

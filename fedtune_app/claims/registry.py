@@ -737,6 +737,15 @@ def claim_seeds(claim: Claim, tier: str) -> int:
     return TIER_SEEDS.get(tier, claim.seeds)
 
 
+# Claims registered after the exploratory campaign (its rule of 2026-11-28 judged 39 claims):
+# they are no members of its Holm family, which they would only make more conservative with
+# p = 1 while they have no records; rule v3's families, declared before their runs, hold them.
+AFTER_EXPLORATORY = frozenset({
+    "heterotune-pooled-t1-sharing", "heterotune-pooled-t1-adapters",
+    "heterotune-pooled-t4-vs-no-lw", "heterotune-pooled-t4-vs-no-reg",
+    "heterotune-pooled-t4-vs-no-lw-reg", "heterotune-pooled-dirichlet-t1-vs-homo"})
+
+
 # ================================================================ rule v3
 # The rule that judges the confirmatory seeds, written on RULE_V3_DATE before any of them ran:
 # this commit is older than every record of them (git log shows the order). Seeds 0-9 stay

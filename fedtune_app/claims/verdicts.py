@@ -234,8 +234,9 @@ def validation_records(tier: str, store: Path, pairs, rates: dict) -> dict:
 def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None,
              lr_mode: str = "tuned", check: Check | None = None) -> list[dict]:
     """One row per claim of the tier with its verdict by the exploratory rule. Holm's family is
-    every claim the tier plans (duplicates counted once): a claim without all its seeds
-    counts as p = 1 (rule v3 withholds such a family instead: ``stats.family_holm``), so an
+    every claim the tier plans (duplicates counted once) but those registered after the
+    exploratory campaign (``reg.AFTER_EXPLORATORY``, a family of their own): a claim without
+    all its seeds counts as p = 1 (rule v3 withholds such a family instead: ``stats.family_holm``), so an
     adjusted p never shrinks because other claims have not run yet.
     A claim whose gate fails keeps its adjusted p and what its test alone says
     (``row["test_alone"]``), but no verdict; a decided claim whose difference still moves
@@ -249,8 +250,11 @@ def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None
     validation = validation_records(tier, store, tier_pairs(claims), rates)
     rows = [evaluate_claim(c, tier, records, rates, validation, check and check.seeds)
             for c in claims]
-    adjusted = cs.holm({r["claim"].id: r["verdict"].p if r["tested"] else 1.0
-                        for r in rows if not r["claim"].same_as})
+    adjusted = {}
+    for later in (False, True):  # the exploratory campaign's family, then the claims after it
+        adjusted |= cs.holm({r["claim"].id: r["verdict"].p if r["tested"] else 1.0
+                             for r in rows if not r["claim"].same_as
+                             and (r["claim"].id in reg.AFTER_EXPLORATORY) == later})
     for row in rows:
         v, c = row["verdict"], row["claim"]
         if row["tested"]:  # a claim equal to another is decided at that one's adjusted p
