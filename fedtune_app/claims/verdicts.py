@@ -236,8 +236,9 @@ def evaluate(tier: str = "cpu", store: Path = STORE, records: dict | None = None
     """One row per claim of the tier with its verdict by the exploratory rule. Holm's family is
     every claim the tier plans (duplicates counted once) but those registered after the
     exploratory campaign (``reg.AFTER_EXPLORATORY``, a family of their own): a claim without
-    all its seeds counts as p = 1 (rule v3 withholds such a family instead: ``stats.family_holm``), so an
-    adjusted p never shrinks because other claims have not run yet.
+    all its seeds counts as p = 1 (rule v3 withholds such a family instead:
+    ``stats.family_holm``), so an adjusted p never shrinks because other claims have not run
+    yet.
     A claim whose gate fails keeps its adjusted p and what its test alone says
     (``row["test_alone"]``), but no verdict; a decided claim whose difference still moves
     reads unstable (``apply_stability``). ``check``: a robustness check's claims, on its runs
