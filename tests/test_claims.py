@@ -1236,3 +1236,125 @@ def test_claims_registered_after_the_exploratory_campaign_stay_out_of_its_family
     first = min((r for r in family if r["tested"]), key=lambda r: r["verdict"].p)
     assert first["verdict"].p_holm == pytest.approx(min(1.0, 38 * first["verdict"].p),
                                                     rel=1e-12)
+
+
+# ---------------------------------------------------------------- rule v3 on confirmatory seeds
+
+@pytest.fixture
+def v3_tier(hand_tier, monkeypatch):
+    """The hand tier's two claims on confirmatory seeds 200-202 (the records of seeds 0-2
+    moved there), the gate's planned detectable difference 3 points, a band of 2."""
+    monkeypatch.setitem(reg.CONFIRMATORY_SEEDS, "t", (200, 201, 202))
+    monkeypatch.setitem(reg.PLANNED_DETECTABLE, "t", 3.0)
+    monkeypatch.setitem(reg.ROBUST_BAND, "t", 2.0)
+    return {(st, a, 200 + s): r for (st, a, s), r in hand_tier.items()}
+
+
+def _v3(records, paper_records=None):
+    from fedtune_app.claims.verdicts_v3 import evaluate_v3
+
+    return {r["claim"].id: r for r in evaluate_v3("t", records=records,
+                                                  paper_records=paper_records)}
+
+
+def test_rule_v3_reproduces_a_clear_difference_at_its_holm_p(v3_tier):
+    # the exploratory hand tier's numbers, now on seeds 200-202 (no per-example results and no
+    # test-set size on tier 't': the seeds' spread alone). t-a: 10, 9, 8, p = 1 - sqrt(243 /
+    # 245) (t with 2 degrees of freedom: p = 1 - sqrt(t^2 / (t^2 + 2))); t-b: 1, 3, 5,
+    # p = 1 - sqrt(6.75 / 8.75). Holm over the family of two: 2 x 0.00409 = 0.00818
+    # (reproduced), max(0.00818, 0.12169) = 0.12169 (inconclusive)
+    rows = _v3(v3_tier)
+    a, b = rows["t-a"]["verdict"], rows["t-b"]["verdict"]
+    assert reg.v3_families("t")["t"] == ("t-a", "t-b")
+    assert a.p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)), rel=1e-9)
+    assert b.p_holm == pytest.approx(1 - math.sqrt(6.75 / 8.75), rel=1e-9)
+    assert (a.verdict, b.verdict) == (cs.REPRODUCED, cs.INCONCLUSIVE)
+    # 95% interval 9 +- t(0.975, 2) / sqrt(3), t(0.975, 2) = 0.95 sqrt(2 / 0.0975) = 4.30265
+    assert a.difference.half_width == pytest.approx(0.95 * math.sqrt(2 / 0.0975) / math.sqrt(3))
+    # the gate, stated once per setting: AllLarge - AllSmall 11, 12, 13, low end
+    # 12 - 2.484 = 9.52 above the planned 3; the effect is 9 / 12 of the gap
+    gap, passes, seeds = rows["t-a"]["gaps"]["t-hand"]
+    assert passes is True and seeds == [200, 201, 202] and gap.mean == pytest.approx(12.0)
+    assert claim_text.effect_text(rows["t-a"])[1] == "+0.75 (paper n/a)"
+    assert rows["t-a"]["lr"] is None  # no runs at the papers' 0.01: no robustness word
+    # the exploratory seeds 0-2 alone give rule v3 nothing
+    assert {r["verdict"].verdict for r in _v3({k: r for k, r in v3_tier.items()
+                                               if k[2] < 200}).values()} == {cs.NOT_RUN}
+
+
+def test_rule_v3_withholds_a_family_with_a_member_missing(v3_tier):
+    records = dict(v3_tier)
+    del records["t-hand", "inclusivefl", 202]
+    rows = _v3(records)
+    # t-a: 2 of 3 seeds; t-b has all its seeds and its test, but no member counts as p = 1:
+    # the family waits, and so does t-b's verdict
+    assert rows["t-a"]["verdict"].verdict == cs.RUNNING
+    b = rows["t-b"]["verdict"]
+    assert b.verdict == "withheld" and math.isnan(b.p_holm)
+    assert b.p == pytest.approx(1 - math.sqrt(6.75 / 8.75), rel=1e-9)
+    assert b.reason == "family `t` waiting for 1 member"
+    from fedtune_app.claims.verdicts_v3 import family_status
+
+    assert family_status("t", list(rows.values())) == (
+        "family `t`: 1 of 2 members in, Holm withheld, waiting for 1 member")
+
+
+def test_rule_v3_gives_no_verdict_in_a_setting_that_fails_the_gate(v3_tier):
+    records = dict(v3_tier)
+    for s in (200, 201, 202):  # AllLarge - AllSmall 1, 2, 3: low end 2 - 2.48 < 3
+        records["t-hand", "all-large", s] = _flat(80.0)
+    rows = _v3(records)
+    for claim in ("t-a", "t-b"):
+        v = rows[claim]["verdict"]
+        assert v.verdict == cs.NOT_DISCRIMINATIVE
+        assert v.reason.startswith("AllLarge - AllSmall's lower end not above the planned "
+                                   "detectable 3 points in t-hand")
+    # the family is complete: the Holm p stays beside the missing verdict
+    assert rows["t-a"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)))
+
+
+def test_rule_v3_reads_unstable_when_the_difference_drifts_towards_the_null(v3_tier):
+    records = dict(v3_tier)
+    for i, s in enumerate((200, 201, 202)):  # InclusiveFL at rounds 28-40: 70 + 2i, 74, 78, 78
+        records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[70 + 2 * i, 74, 78, 78])
+    row = _v3(records)["t-a"]
+    # primary (rounds 32-40): 76.67 on every seed, differences 3.33, 4.33, 5.33: s 1,
+    # t^2 = 169 / 3, p = 1 - sqrt(169 / 175), Holm x 2 = 0.0346: reproduced at the primary
+    assert row["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(169 / 175)), rel=1e-9)
+    # the trend: rounds 36-40 (2 + i) minus rounds 28-32 (80 + i - (72 + i) = 8): -6, -5, -4,
+    # mean -5, s 1, towards 0: t = 5 sqrt(3), one-sided p with 2 degrees of freedom
+    # (1 - sqrt(t^2 / (t^2 + 2))) / 2 = (1 - sqrt(75 / 77)) / 2 = 0.00654 < 0.05
+    p, trend = row["drift"]
+    assert p == pytest.approx((1 - math.sqrt(75 / 77)) / 2, rel=1e-9)
+    assert trend.mean == pytest.approx(-5.0)
+    assert trend.half_width == pytest.approx(0.95 * math.sqrt(2 / 0.0975) / math.sqrt(3))
+    assert row["verdict"].verdict == cs.UNSTABLE
+    assert row["verdict"].reason == (
+        "reproduced at the primary metric, but the difference drifts -5.00 points (95% CI "
+        "-7.48 to -2.52) over the last window, towards the null with p = 0.00654")
+    for i, s in enumerate((200, 201, 202)):  # the same drift away from 0: said, not unstable
+        records["t-hand", "inclusivefl", s] = _flat(70.0, tail=[74 - 2 * i, 70, 66, 66])
+    row = _v3(records)["t-a"]
+    # primary 67.33: differences 12.67 + i (s 1); the trend per seed: late 80 + i - 66 =
+    # 14 + i, early 80 + i - (74 - 2i + 70) / 2 = 8 + 2i: 6 - i = 6, 5, 4, away from 0
+    assert row["verdict"].verdict == cs.REPRODUCED
+    assert row["verdict"].reason == ("the difference still drifts +5.00 points (95% CI +2.52 "
+                                     "to +7.48) over the last window")
+
+
+def test_rule_v3_robustness_word_from_the_paired_change_to_the_papers_rate(v3_tier):
+    # at 0.01 FedRA is 3 points lower, by 3, 2.5, 3.5 on seeds 200-202, the other arms equal:
+    # both claims change by -3, -2.5, -3.5 (mean -3, s 0.5, t^2 = 108): two-sided
+    # p = 1 - sqrt(108 / 110), Holm over the check's two members: 2 x 0.00913 = 0.0183 < 0.05;
+    # the words stay (t-a reproduced, t-b inconclusive at both rates): it shifts
+    paper = dict(v3_tier)
+    for i, (s, d) in enumerate(zip((200, 201, 202), (3.0, 2.5, 3.5))):
+        paper["t-hand", "fedra", s] = _flat(80.0 + i - d)
+    rows = _v3(v3_tier, paper)
+    for claim in ("t-a", "t-b"):
+        change, p_holm, word = rows[claim]["lr"]
+        assert change.mean == pytest.approx(-3.0) and word == "shifts"
+        assert p_holm == pytest.approx(2 * (1 - math.sqrt(108 / 110)), rel=1e-9)
+    # one member without its 0.01 runs: the check's family waits, no word
+    del paper["t-hand", "inclusivefl", 202]
+    assert _v3(v3_tier, paper)["t-b"]["lr"][2] == "waiting for 1 member"

@@ -249,10 +249,12 @@ def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
 
 
 def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned",
-                 extra: dict | None = None) -> dict[tuple[str, str, int], dict]:
+                 extra: dict | None = None, seeds=range(MAX_SEEDS)
+                 ) -> dict[tuple[str, str, int], dict]:
     """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
     (a setting shares the runs of another with the same keys), at each arm's rate; ``extra``:
-    the runs made with these keys over the tier's (a robustness check's)."""
+    the runs made with these keys over the tier's (a robustness check's); ``seeds``: which
+    (default the exploratory 0..MAX_SEEDS-1; rule v3 reads ``CONFIRMATORY_SEEDS``)."""
     by_hash = records_by_hash(store / "runs" / tier)
     out = {}
     if not by_hash:
@@ -262,7 +264,7 @@ def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned",
     for setting_id, arm in sorted(pairs):
         if (setting_id, arm) not in rates:
             continue  # not tuned yet
-        for seed in range(MAX_SEEDS):
+        for seed in seeds:
             spec_hash = hash_or_none(tier, setting_id, arm, seed, rates[setting_id, arm],
                                      extra=extra)
             if spec_hash in by_hash:

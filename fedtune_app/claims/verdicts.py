@@ -36,16 +36,28 @@ BELOW_TARGET = (f"setting not discriminative by the tier's {GAP_TARGET:g}-point 
                 "AllSmall target")
 
 
+def gap_terms(setting_id: str) -> tuple:
+    """AllLarge - AllSmall of a setting as a claim's terms."""
+    st = SETTINGS[setting_id]
+    return ((1.0, setting_id, st.reference), (-1.0, setting_id, st.small))
+
+
+def paired_differences(terms, records: dict, seeds) -> list[float]:
+    """Per seed, the sum of ``coefficient x primary metric`` over the terms."""
+    return [sum(c * primary_points(records[st, a, s]) for c, st, a in terms) for s in seeds]
+
+
+def seeds_with(terms, records: dict, seeds) -> list[int]:
+    """The seeds on which every term has its record."""
+    return [s for s in seeds if all((st, a, s) in records for _, st, a in terms)]
+
+
 def setting_gap(setting_id: str, records: dict) -> tuple[cs.Interval | None, list[int]]:
     """AllLarge - AllSmall (primary metric, paired over the seeds both have)."""
-    st = SETTINGS[setting_id]
-    seeds = [s for s in range(MAX_SEEDS) if (setting_id, st.reference, s) in records
-             and (setting_id, st.small, s) in records]
+    seeds = seeds_with(gap_terms(setting_id), records, range(MAX_SEEDS))
     if not seeds:
         return None, []
-    gaps = [primary_points(records[setting_id, st.reference, s])
-            - primary_points(records[setting_id, st.small, s]) for s in seeds]
-    return cs.t_interval(gaps), seeds
+    return cs.t_interval(paired_differences(gap_terms(setting_id), records, seeds)), seeds
 
 
 def _label(claim: Claim, setting: str, arm: str) -> str:
@@ -59,24 +71,28 @@ def _unpacked(record: dict) -> list[dict]:
             for ev in record["test-correct"]]
 
 
-def test_set_error(claim: Claim, tier: str, records: dict, seeds: list[int]) -> tuple:
-    """(standard error in points, how): a bootstrap over test examples where every run of the
-    claim recorded them (over digits, a digit's renderings together, on the tiers whose domains
-    render the same examples: ``CLUSTERED_TEST``), else the binomial bound on the tier's
-    test-set size, else NaN."""
-    runs = [[(c, records[st, a, s]) for c, st, a in claim.terms] for s in seeds]
+def test_set_error(terms, tier: str, records: dict, seeds: list[int],
+                   closed_form: bool = False) -> tuple:
+    """(standard error in points, how) of the seed-mean of ``terms`` (a claim's): where every
+    run recorded its per-example results, a bootstrap over test examples (``closed_form``: rule
+    v3's exact value, ``stats.paired_test_se``), over digits with a digit's renderings together
+    on the tiers whose domains render the same examples (``CLUSTERED_TEST``); else the binomial
+    bound on the tier's test-set size, else NaN."""
+    runs = [[(c, records[st, a, s]) for c, st, a in terms] for s in seeds]
     if all("test-correct" in r for seed_terms in runs for _, r in seed_terms):
         clustered = tier in reg.CLUSTERED_TEST
-        return (cs.bootstrap_se([[(c, _unpacked(r)) for c, r in seed_terms]
-                                 for seed_terms in runs], clustered=clustered),
-                "bootstrap over test digits, a digit's renderings resampled together"
-                if clustered else "bootstrap over test examples")
+        unpacked = [[(c, _unpacked(r)) for c, r in seed_terms] for seed_terms in runs]
+        unit = ("test digits, a digit's renderings resampled together" if clustered
+                else "test examples")
+        if closed_form:
+            return cs.paired_test_se(unpacked, clustered=clustered), f"closed form over {unit}"
+        return cs.bootstrap_se(unpacked, clustered=clustered), f"bootstrap over {unit}"
     n = reg.TEST_EXAMPLES.get(tier)
     if n is None:
         return math.nan, ""
     means = [np.mean([primary_points(records[st, a, s]) for s in seeds]) / 100
-             for _, st, a in claim.terms]
-    return (cs.binomial_se(means, [c for c, _, _ in claim.terms], n),
+             for _, st, a in terms]
+    return (cs.binomial_se(means, [c for c, _, _ in terms], n),
             f"binomial bound on {n} test examples (these records keep no per-example results)")
 
 
@@ -120,7 +136,7 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
     which alone say whether an arm collapsed; ``need``: its seeds (default: the tier's)."""
     need = need or claim_seeds(claim, tier)
     settings = claim_settings(claim)
-    seeds = [s for s in range(need) if all((st, a, s) in records for _, st, a in claim.terms)]
+    seeds = seeds_with(claim.terms, records, range(need))
     row = {"claim": claim, "tier": tier, "seeds": seeds, "need": need, "per_arm": {},
            "testable": False, "tested": False, "differences": [], "convergence": {}, "gaps": {},
            "collapse": {}, "below_small": {}, "below_target": []}
@@ -151,9 +167,8 @@ def evaluate_claim(claim: Claim, tier: str, records: dict, rates: dict | None = 
             row["convergence"][label] = cs.arm_convergence([curve_points(r) for r in rs])
         except ValueError as e:  # too few evaluations for the two windows
             row["convergence"][label] = (False, str(e))
-    diffs = [sum(c * primary_points(records[st, a, s]) for c, st, a in claim.terms)
-             for s in seeds]
-    test_error = test_set_error(claim, tier, records, seeds)
+    diffs = paired_differences(claim.terms, records, seeds)
+    test_error = test_set_error(claim.terms, tier, records, seeds)
     ci = cs.combined_interval(diffs, test_error[0], cs.interval_for(claim.direction))
     # the seeds' spread and the test set's error together, as one per-seed spread
     spread = math.hypot(ci.std, math.sqrt(ci.n) * ci.test_se) if ci.n > 1 else math.nan
