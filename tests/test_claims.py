@@ -1358,3 +1358,23 @@ def test_rule_v3_robustness_word_from_the_paired_change_to_the_papers_rate(v3_ti
     # one member without its 0.01 runs: the check's family waits, no word
     del paper["t-hand", "inclusivefl", 202]
     assert _v3(v3_tier, paper)["t-b"]["lr"][2] == "waiting for 1 member"
+
+
+def test_rule_v3_intervals_hold_the_closed_form_test_set_error(v3_tier):
+    from fedtune_app.apps.evaluation import pack_correct
+
+    # one evaluation of 8 test examples per run: FedRA right on 6, InclusiveFL on 4 of them,
+    # on every seed. Per example the claim's weighted difference over the three seeds (each
+    # seed weighs 1/3) is u = 0, 0, 0, 0, 1, 1, 0, 0: mean 1/4, var (ddof 1) = 1.5 / 7, so
+    # se^2 = var / 8 = 3 / 112 (x 100^2 in points); with the seeds' s^2 / n = 1 / 3 the 95%
+    # half-width is t(0.975, 2) sqrt(1 / 3 + 30000 / 112)
+    records = dict(v3_tier)
+    for s in (200, 201, 202):
+        for arm, right in (("fedra", 6), ("inclusivefl", 4)):
+            correct = {"0": {"all": pack_correct([1] * right + [0] * (8 - right))}}
+            records["t-hand", arm, s] = records["t-hand", arm, s] | {"test-correct": [correct]}
+    row = _v3(records)["t-a"]
+    assert row["test_error"] == (pytest.approx(100 * math.sqrt(3 / 112), rel=1e-12),
+                                 "closed form over test examples")
+    assert row["verdict"].difference.half_width == pytest.approx(
+        0.95 * math.sqrt(2 / 0.0975) * math.sqrt(1 / 3 + 30000 / 112), rel=1e-9)

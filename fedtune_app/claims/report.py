@@ -16,6 +16,8 @@ from fedtune_app.claims.claim_text import (
     arm_row,
     ci_text,
     claim_section,
+    effect_text,
+    p_text,
     robustness_word,
     verdict_rows,
 )
@@ -362,7 +364,35 @@ def rule_v3_section(tier: str, store: Path) -> list[str]:
             for st in SETTINGS.values() if tier in st.tiers) + ".",
         "", f"The campaign: `fedtune claims run --tier {tier} --dry-run` lists its runs and "
         "core-hours (after `fedtune claims tune`, whose rates it runs at).", ""]
-    return lines
+    return lines + confirmatory_table(tier, store)
+
+
+def confirmatory_table(tier: str, store: Path) -> list[str]:
+    """Every claim of the tier as rule v3 judges it on the confirmatory seeds."""
+    from fedtune_app.claims.verdicts_v3 import evaluate_v3, family_status
+
+    rows = evaluate_v3(tier, store)
+    seeds = reg.CONFIRMATORY_SEEDS[tier]
+    lines = [f"### Confirmatory (rule v3), tier `{tier}`", "",
+             f"Seeds {seeds[0]}-{seeds[-1]}, judged by rule v3 as stated above; "
+             + family_status(tier, rows) + ". Difference: mean with the test's interval "
+             "(seeds and test set); / gap: ours over the setting's AllLarge - AllSmall, the "
+             "paper's over its own; drift: the difference's trend over the last window (95%) "
+             "with the one-sided p of its move towards the null; at 0.01: the paired change "
+             "to the papers' rate (95%) and its word.", "",
+             "| claim | seeds | difference | / gap | p | Holm p | verdict | drift | at 0.01 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        v = row["verdict"]
+        drift = (f"{ci_text(row['drift'][1])} (p {p_text(row['drift'][0])})"
+                 if row["drift"] else "-")
+        lr = row.get("lr")
+        verdict = f"**{v.verdict}**" + (f" ({v.reason})" if v.reason else "")
+        lines.append(f"| `{row['claim'].id}` | {len(row['seeds'])} of {row['need']} | "
+                     f"{ci_text(v.difference)} | {effect_text(row)[1]} | {p_text(v.p)} | "
+                     f"{p_text(v.p_holm)} | {verdict} | {drift} | "
+                     + (f"{ci_text(lr[0])}: {lr[2]}" if lr else "-") + " |")
+    return lines + [""]
 
 
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],

@@ -88,9 +88,9 @@ def claim_row(claim: Claim, tier: str, records: dict, seeds, gates: dict) -> dic
             f"{reg.SMALLEST_DETECTABLE_MARGIN[tier]:g}: left out of the campaign and the family"))
         return row
     if len(have) < 2:
-        row["verdict"] = cs.Verdict(cs.NOT_RUN if not have else cs.RUNNING,
-                                    reason=reg.confirmatory_waits(claim)
-                                    or f"{len(have)} of {len(seeds)} confirmatory seeds")
+        same = f"same as {claim.same_as}: one hypothesis" if claim.same_as else ""
+        row["verdict"] = cs.Verdict(cs.NOT_RUN if not have else cs.RUNNING, reason="; ".join(
+            x for x in (reg.confirmatory_waits(claim), same) if x))
         return row
     ci, diffs, error = interval_v3(claim.terms, tier, records, have,
                                    cs.interval_for(claim.direction))
