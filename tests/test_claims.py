@@ -1378,3 +1378,35 @@ def test_rule_v3_intervals_hold_the_closed_form_test_set_error(v3_tier):
                                  "closed form over test examples")
     assert row["verdict"].difference.half_width == pytest.approx(
         0.95 * math.sqrt(2 / 0.0975) * math.sqrt(1 / 3 + 30000 / 112), rel=1e-9)
+
+
+def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier, monkeypatch):
+    """FedRA - AllSmall (differences 1, 3, 5) as FedRA - InclusiveFL (10, 9, 8) plus
+    InclusiveFL - AllSmall (-9, -6, -3): seed by seed the parts add up, and each row's 95%
+    interval is mean +- t(0.975, 2) std / sqrt(3) = mean +- 2.48414 std (tier 't' has no
+    test-set error)."""
+    c = Claim("t-c", "FedRA", "Table 1", "InclusiveFL beats AllSmall",
+              ((1.0, "t-hand", "inclusivefl"), (-1.0, "t-hand", "all-small")), "greater", 0.0,
+              "", None)
+    monkeypatch.setattr(reg, "CLAIMS", reg.CLAIMS | {"t-c": c})
+    monkeypatch.setattr(reg, "DECOMPOSITIONS", {"t-b": (("first", "t-a"), ("second", "t-c"))})
+    lines = reporting.decomposition_section("t", hand_tier)
+    assert lines[:2] == ["### `t-b` in parts", ""]
+    assert lines[2] == ("FedRA beats AllSmall, taken apart on the seeds every arm has (3 of 10);"
+                        " the paper's difference is +2.00 points.")
+    assert lines[6:9] == ["| the whole | `t-b` | +3.00 (-1.97 to +7.97) |",
+                          "| first | `t-a` | +9.00 (+6.52 to +11.48) |",
+                          "| second | `t-c` | -6.00 (-13.45 to +1.45) |"]
+    # without records of every arm on two seeds or more: no numbers
+    fewer = {k: v for k, v in hand_tier.items() if k[2] == 0}
+    assert reporting.decomposition_section("t", fewer)[-2].endswith(f"| {cs.NOT_RUN} |")
+
+
+def test_the_registered_decomposition_adds_up_to_its_whole():
+    for whole, parts in reg.DECOMPOSITIONS.items():
+        total: dict = {}
+        for _, part in parts:
+            for coefficient, setting, arm in reg.CLAIMS[part].terms:
+                total[setting, arm] = total.get((setting, arm), 0.0) + coefficient
+        assert {k: v for k, v in total.items() if v} == \
+            {(st, a): c for c, st, a in reg.CLAIMS[whole].terms}

@@ -469,6 +469,12 @@ def _heterotune_claims(variant: str, setting: str, setup: str, where: str,
     return table1 + table5
 
 
+# a claim taken apart: whole -> its parts, whose terms add up to the whole's (tests check it)
+DECOMPOSITIONS = {"heterotune-pooled-t1-vs-homo": (
+    ("adapters against full fine-tuning", "heterotune-pooled-t1-adapters"),
+    ("sharing between model groups", "heterotune-pooled-t1-sharing"))}
+
+
 def _mechanism_claims(setting: str, setup: str) -> list:
     """Table 1's headline taken apart (adapters, sharing) and Table 4's ablations, in the
     pooled Table 1 setting."""

@@ -21,7 +21,13 @@ from fedtune_app.claims.claim_text import (
     robustness_word,
     verdict_rows,
 )
-from fedtune_app.claims.planning import load_records, plan_runs, tier_pairs, tuned_rates
+from fedtune_app.claims.planning import (
+    load_records,
+    plan_runs,
+    tier_pairs,
+    tiers_of,
+    tuned_rates,
+)
 from fedtune_app.claims.plots import forest_plot, plot_setting
 from fedtune_app.claims.registry import (
     ARMS,
@@ -31,6 +37,7 @@ from fedtune_app.claims.registry import (
     SETTINGS,
 )
 from fedtune_app.claims.store import (
+    MAX_SEEDS,
     README,
     README_BEGIN,
     README_END,
@@ -45,7 +52,15 @@ from fedtune_app.claims.store import (
     records_by_hash,
     run_cost,
 )
-from fedtune_app.claims.verdicts import GAP_TARGET, READ_AT_ROUNDS, evaluate, setting_gap
+from fedtune_app.claims.verdicts import (
+    GAP_TARGET,
+    READ_AT_ROUNDS,
+    evaluate,
+    paired_differences,
+    seeds_with,
+    setting_gap,
+    test_set_error,
+)
 from fedtune_app.tools.fingerprint import code_fingerprints
 
 CONTINUE = {"mini": "fedtune claims tune --tier mini && fedtune claims run --tier mini",
@@ -395,6 +410,36 @@ def confirmatory_table(tier: str, store: Path) -> list[str]:
     return lines + [""]
 
 
+def decomposition_section(tier: str, records: dict) -> list[str]:
+    """Each claim of ``reg.DECOMPOSITIONS`` beside its parts, on the seeds all of them have:
+    the parts' paired differences add up to the whole's seed by seed, each with its interval
+    (seeds and test set, closed form)."""
+    lines = []
+    for whole_id, parts in reg.DECOMPOSITIONS.items():
+        whole = reg.CLAIMS[whole_id]
+        if tier not in tiers_of(whole):
+            continue
+        claims = [("the whole", whole)] + [(label, reg.CLAIMS[i]) for label, i in parts]
+        terms = tuple(t for _, c in claims for t in c.terms)
+        seeds = seeds_with(terms, records, range(MAX_SEEDS))
+        lines += [f"### `{whole_id}` in parts", "",
+                  f"{whole.sentence}, taken apart on the seeds every arm has ({len(seeds)} of "
+                  f"{MAX_SEEDS}); the paper's difference is {whole.paper_difference:+.2f} points.",
+                  "",
+                  "| part | claim | difference (points, 95%: seeds and test set) |",
+                  "| --- | --- | --- |"]
+        for label, c in claims:
+            if len(seeds) < 2:
+                cell = cs.NOT_RUN
+            else:
+                se, _ = test_set_error(c.terms, tier, records, seeds, closed_form=True)
+                iv = cs.combined_interval(paired_differences(c.terms, records, seeds), se)
+                cell = f"{iv.mean:+.2f} ({iv.low:+.2f} to {iv.high:+.2f})"
+            lines.append(f"| {label} | `{c.id}` | {cell} |")
+        lines.append("")
+    return lines
+
+
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
                  at_paper_rate: dict | None, checks: dict) -> list[str]:
     claims = [r["claim"] for r in rows]
@@ -404,7 +449,7 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
     lines += (verdict_rows(rows, at_paper_rate, checks) + [""] + tier_summary(rows, records)
-              + tier_cost(tier, records, store))
+              + decomposition_section(tier, records) + tier_cost(tier, records, store))
     if choices:
         lines += [f"### Learning rates of tier `{tier}`", "",
                   f"Rule: {reg.LR_RULE}. Validation means (points) per "
