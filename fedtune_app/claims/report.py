@@ -430,7 +430,7 @@ def decomposition_section(tier: str, records: dict) -> list[str]:
                   "| --- | --- | --- |"]
         for label, c in claims:
             if len(seeds) < 2:
-                cell = cs.NOT_RUN
+                cell = "not yet: fewer than 2 seeds that every arm has"
             else:
                 se, _ = test_set_error(c.terms, tier, records, seeds, closed_form=True)
                 iv = cs.combined_interval(paired_differences(c.terms, records, seeds), se)
