@@ -34,6 +34,13 @@ def texts(n_per_class):
     return [(f"a note about a {c} number {i}", c) for i in range(n_per_class) for c in CLASSES]
 
 
+def empty_set(path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": [], "label": []}).save_to_disk(str(path))
+    return path
+
+
 def image_set(path, n_per_class, labels_as_strings=True):
     """A save_to_disk image set: class k's 8x8 grey images have brightness 60 + 60 k."""
     from datasets import Dataset, Image
@@ -139,6 +146,9 @@ def test_the_settings_line_says_where_each_non_default_came_from(tmp_path):
      "'hf-test-split' = 'dev' is not a split"),
     (lambda p: (p / "x.txt").write_text("hello") and p / "x.txt", {},
      "a file must be CSV, TSV, JSON, JSONL or Parquet"),
+    # two notes a class: round(0.2 x 2) = 0 test examples of each
+    (lambda p: write_csv(p / "few.csv", texts(2)), {}, "its test set is empty \\(6 examples"),
+    (lambda p: empty_set(p / "empty-set"), {}, "could not be read"),
 ])
 def test_bad_own_data_is_one_clear_error(tmp_path, make, keys, message):
     with pytest.raises(ConfigError, match=message):

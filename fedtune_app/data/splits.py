@@ -287,6 +287,12 @@ def plan_split(raw: sources.Raw, data: DataConfig) -> SplitPlan:
     if data.evaluation_split == "validation":  # the test set is never read
         test_idx = validation_idx
     pools = len(train_idx), len(test_idx)
+    if not all(pools):
+        which = "training" if not pools[0] else "test" if data.evaluation_split == "test" \
+            else "validation"
+        raise ConfigError(f"dataset {data.dataset!r}: its {which} set is empty ({len(labels)} "
+                          "examples in all, split by class); give it more examples, a test "
+                          "split of its own, or another 'test-fraction'")
     subset_seed = SPLIT_SEED + 1 if data.subset_seed is None else (SPLIT_SEED + 1,
                                                                    data.subset_seed)
     train_idx = _stratified_subset(train_idx, strata, data.train_subset, subset_seed)
