@@ -719,7 +719,8 @@ def _merge(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str
         values = load_preset(preset)
         merged.update(values)
         origin |= dict.fromkeys(values, f"preset {preset!r}")
-    overrides = {k.strip() for k in str(given.get("preset-overrides", "")).split(",")}
+    overrides = {k.strip() for k in str(given.get("preset-overrides", "")).split(",")} - {""}
+    _check_known(overrides, "named in 'preset-overrides'")
     for key, value in given.items():
         if key not in app or value != app[key] or not preset or key in overrides:
             merged[key] = value
@@ -753,9 +754,10 @@ def naming_given_keys(keys: Mapping[str, Any]) -> dict[str, Any]:
     Flower passes every pyproject key, so a given key at pyproject's value would otherwise
     lose to the preset's."""
     keys = dict(keys)
+    named = [k.strip() for k in str(keys.get("preset-overrides", "")).split(",") if k.strip()]
     given = [k for k in keys if k not in ("preset", "preset-overrides", "results-dir")]
-    if keys.get("preset") and given:
-        keys["preset-overrides"] = ",".join(given)
+    if keys.get("preset") and (named or given):
+        keys["preset-overrides"] = ",".join(dict.fromkeys(named + given))
     return keys
 
 

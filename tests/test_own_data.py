@@ -189,3 +189,23 @@ def test_own_data_journey_two_methods_one_table(tmp_path, kind):
     # the string labels' names, kept for exports and plots
     config = json.loads((Path(rows[0]["folder"]) / "config.json").read_text())
     assert config["class-names"] == CLASSES
+
+
+def test_a_tsv_folder_and_unlabelled_classlabel_rows(tmp_path):
+    """A folder of TSV files reads with its tab delimiter; a ClassLabel test split of -1s
+    (GLUE's unlabelled test rows) is refused, not read as a class."""
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+    folder = tmp_path / "tsv"
+    folder.mkdir()
+    for part, n in (("train", 4), ("test", 1)):
+        (folder / f"{part}.tsv").write_text("text\tlabel\n" + "".join(
+            f"note {i} on {c}\t{c}\n" for i in range(n) for c in CLASSES))
+    splits = run_splits(own(folder, **{"max-length": 8}))
+    assert splits.class_names == CLASSES and (len(splits.train), len(splits.test)) == (12, 3)
+    features = Features({"text": Value("string"), "label": ClassLabel(names=["no", "yes"])})
+    DatasetDict(train=Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}, features=features),
+                test=Dataset.from_dict({"text": ["c", "d"], "label": [-1, -1]},
+                                       features=features)).save_to_disk(str(tmp_path / "glue"))
+    with pytest.raises(ConfigError, match="negative labels.*hf-test-split = 'validation'"):
+        run_splits(own(tmp_path / "glue"))

@@ -24,6 +24,8 @@ HIDDEN = [
     "/venv/lib/python3.11/site-packages/ray/_private/worker.py:2051: FutureWarning: Tip: In "
     "future versions of Ray, Ray will no longer override accelerator visible devices env var",
     "  warnings.warn(",
+    '  File "/venv/lib/python3.11/site-packages/flwr/clientapp/client_app.py", line 144, in '
+    "__call__",
     f"{ACTOR}{G}INFO {E}:      fedtune: no node worker configured (node config "
     "worker-address): handling the query message in this process",
     "00:46:54 fedtune node 3253752127183839882 serves partition 2 (capacity 1)",
@@ -42,6 +44,9 @@ SHOWN = [
     "ValueError: boom",
     f"{R}ERROR {E}:     ServerApp thread raised an exception",
     f"{ACTOR}{Y}WARNING {E}:   fedtune: the node's batch does not fit its memory",
+    # a traceback printed raw by a node: its first line and the error, not the frames
+    f"{ACTOR}Traceback (most recent call last):",
+    f"{ACTOR}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
 ]
 
 

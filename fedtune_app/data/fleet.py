@@ -29,7 +29,6 @@ says what its method got, and ``fedtune run`` and ``fedtune compare`` treat it a
 
 from __future__ import annotations
 
-import functools
 import math
 
 from fedtune_app.config import ConfigError, ModelConfig, RunConfig, parse_int_list
@@ -111,16 +110,11 @@ def full_model(model: ModelConfig) -> dict[str, str]:
             "model-source": model.model_source}
 
 
-@functools.lru_cache(maxsize=16)
 def architecture(name: str, args: str, seed: int) -> tuple[int, int]:
     """(blocks, parameters) of a backbone, built on the meta device: no weights read."""
-    import torch
+    from fedtune_app.model import backbones
 
-    from fedtune_app.model.backbones import ModelSpec, _build
-
-    with torch.device("meta"):
-        model = _build(ModelSpec(name, "random", args, seed), weights=False)
-    return model.num_blocks, sum(p.numel() for p in model.parameters())
+    return backbones.architecture(backbones.ModelSpec(name, "random", args, seed))
 
 
 def fleet_keys(run: RunConfig, method) -> dict:

@@ -21,11 +21,9 @@ add unprefixed tensors that every group shares (HeteroTune's share-adapters).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import numpy as np
-import torch
 from torch import nn
 
 from fedtune_app.config import ConfigError, ModelConfig, RunConfig
@@ -102,17 +100,12 @@ def check_groups(run: RunConfig, single_model_methods, group_methods) -> None:
                           f"groups ('model-groups' is set); allowed: {', '.join(group_methods)}")
 
 
-@functools.lru_cache(maxsize=16)
-def _depth(spec: ModelSpec) -> int:
-    from fedtune_app.model.backbones import _build
-
-    with torch.device("meta"):  # architecture only: no weights are read or initialised
-        return _build(replace(spec, source="random")).num_blocks
-
-
 def group_depths(run: RunConfig) -> list[int]:
-    """Blocks of each group's backbone."""
-    return [_depth(ModelSpec.from_config(group_config(run, g).model, 2))
+    """Blocks of each group's backbone (its architecture only: no weights are read)."""
+    from fedtune_app.model.backbones import architecture_depth
+
+    return [architecture_depth(replace(ModelSpec.from_config(group_config(run, g).model, 2),
+                                       source="random"))
             for g in range(num_groups(run.model))]
 
 

@@ -42,18 +42,23 @@ def is_local(name: str) -> bool:
         Path(name).suffix.lower() in FILE_BUILDERS
 
 
-def _folder_builder(root: Path) -> str:
-    """The ``datasets`` builder for a folder of files: images win (an image folder may hold a
-    metadata.csv), else the commonest data-file type."""
+def _builder_args(suffix: str) -> dict:
+    """What ``load_dataset`` needs besides the builder for files of this suffix."""
+    return {"delimiter": "\t"} if suffix == ".tsv" else {}
+
+
+def _folder_builder(root: Path) -> tuple[str, dict]:
+    """The ``datasets`` builder (and its arguments) for a folder of files: images win (an image
+    folder may hold a metadata.csv), else the commonest data-file type."""
     files = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
     if any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
-        return "imagefolder"
-    kinds = Counter(FILE_BUILDERS[p.suffix.lower()] for p in files
-                    if p.suffix.lower() in FILE_BUILDERS)
-    if not kinds:
+        return "imagefolder", {}
+    suffixes = Counter(p.suffix.lower() for p in files if p.suffix.lower() in FILE_BUILDERS)
+    if not suffixes:
         raise ConfigError(f"{KEY} = {str(root)!r}: the folder holds no data files (CSV, TSV, "
                           "JSON, JSONL, Parquet or images) and was not written by save_to_disk")
-    return kinds.most_common(1)[0][0]
+    suffix = suffixes.most_common(1)[0][0]
+    return FILE_BUILDERS[suffix], _builder_args(suffix)
 
 
 def open_dataset(data: DataConfig):
@@ -75,14 +80,15 @@ def open_dataset(data: DataConfig):
                                                                     "state.json")):
                 loaded = datasets.load_from_disk(str(path))
             elif path.is_dir():
-                loaded = datasets.load_dataset(_folder_builder(path), data_dir=str(path))
+                builder, extra = _folder_builder(path)
+                loaded = datasets.load_dataset(builder, data_dir=str(path), **extra)
             else:
                 builder = FILE_BUILDERS.get(path.suffix.lower())
                 if builder is None:
                     raise ConfigError(f"{KEY} = {name!r}: a file must be CSV, TSV, JSON, JSONL "
                                       "or Parquet")
-                extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
-                loaded = datasets.load_dataset(builder, data_files=str(path), **extra)
+                loaded = datasets.load_dataset(builder, data_files=str(path),
+                                               **_builder_args(path.suffix.lower()))
         else:
             loaded = datasets.load_dataset(name, data.hf_config or None)
     except ConfigError:
@@ -169,9 +175,6 @@ def _encode_labels(parts: list, label: str, name: str) -> tuple[list, list[str]]
         raise ConfigError(f"{name!r}: label column {label!r} holds {kind} values; labels must "
                           "be integers or strings (class names)")
     values = np.concatenate([np.asarray(p[label], dtype=np.int64) for p in parts])
-    if len(values) and values.min() < 0:
-        raise ConfigError(f"{name!r}: label column {label!r} has negative labels (unlabelled "
-                          "rows, as in GLUE's test split: use hf-test-split = 'validation')")
     return parts, [str(k) for k in range(int(values.max(initial=0)) + 1)]
 
 
@@ -190,6 +193,9 @@ def load(data: DataConfig) -> Raw:
         raise ConfigError(f"{name!r}: its test split lacks column(s) {missing}")
     parts, classes = _encode_labels(parts, label, name)
     labels = np.concatenate([np.asarray(p[label], dtype=np.int64) for p in parts])
+    if len(labels) and labels.min() < 0:  # a ClassLabel's -1 too
+        raise ConfigError(f"{name!r}: label column {label!r} has negative labels (unlabelled "
+                          "rows, as in GLUE's test split: use hf-test-split = 'validation')")
     sizes = [len(p) for p in parts]
     split = None if len(parts) == 1 else (np.arange(sizes[0]), np.arange(sizes[0], sum(sizes)))
     if isinstance(features[columns[0]], Image):

@@ -46,7 +46,7 @@ from fedtune_app.model.backbones import ModelSpec, is_text_model, tokenizer_for
 
 _log = logging.getLogger(__name__)
 SPLIT_SEED = 20240601
-TEST_FRACTION = 0.2  # the default of key 'test-fraction'
+TEST_FRACTION = DataConfig.key_specs()["test-fraction"].default  # pretraining's split too
 
 
 def batches_per_pass(num_examples: int, batch_size: int, max_batches: int = 0) -> int:

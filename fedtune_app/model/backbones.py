@@ -513,11 +513,18 @@ BUILDS = {"count": 0}  # backbones built in this process (benchmarks check it st
 
 
 @functools.lru_cache(maxsize=16)
-def architecture_depth(spec: ModelSpec) -> int:
-    """Blocks of ``spec``'s backbone, from its architecture on the meta device: no weights are
-    read or initialised (a Hugging Face model reads its config.json only)."""
+@functools.lru_cache(maxsize=32)
+def architecture(spec: ModelSpec) -> tuple[int, int]:
+    """(blocks, parameters) of ``spec``'s backbone, from its architecture on the meta device: no
+    weights are read or initialised (a Hugging Face model reads its config.json only)."""
     with torch.device("meta"):
-        return _build(spec, weights=False).num_blocks
+        model = _build(spec, weights=False)
+    return model.num_blocks, sum(p.numel() for p in model.parameters())
+
+
+def architecture_depth(spec: ModelSpec) -> int:
+    """Blocks of ``spec``'s backbone (``architecture``)."""
+    return architecture(spec)[0]
 
 
 def build_backbone(spec: ModelSpec) -> LayeredModel:

@@ -86,9 +86,8 @@ def with_results_dir(run_config: str, results: Path, home: Path) -> str:
 
     if not run_config.strip().endswith(".toml"):
         given = parse_config_args([run_config]) if run_config.strip() else {}
-        named = naming_given_keys(given).get("preset-overrides")
-        extra = f' preset-overrides="{named}"' if named and "preset-overrides" not in given \
-            else ""
+        named = naming_given_keys(given).get("preset-overrides")  # the later key wins
+        extra = f' preset-overrides="{named}"' if named else ""
         return f'results-dir="{results}" {run_config}{extra}'.strip()
     path = Path(run_config.strip()).expanduser()  # there: ``config_info.resolved`` checked
     given = naming_given_keys(parse_config_args([str(path)]))

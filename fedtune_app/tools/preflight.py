@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedtune_app.config import ConfigError, RunConfig
-from fedtune_app.data.groups import group_depths, num_groups
+from fedtune_app.data.groups import group_config, group_depths, num_groups
 from fedtune_app.data.splits import describe_data
 from fedtune_app.methods import strategy_class
 from fedtune_app.model.backbones import ModelSpec, architecture_depth
@@ -55,5 +55,5 @@ def check_data(cfg: RunConfig, origins: dict | None = None) -> str:
     folder = cfg.data.data_dir
     if folder and not Path(folder).expanduser().is_dir():
         raise ConfigError(f"run-config key 'data-dir' = {folder!r}: no such folder")
-    spec = None if num_groups(cfg.model) else ModelSpec.from_config(cfg.model, 2)
-    return describe_data(cfg.data, origins, spec)
+    model = group_config(cfg, 0).model if num_groups(cfg.model) else cfg.model
+    return describe_data(cfg.data, origins, ModelSpec.from_config(model, 2))

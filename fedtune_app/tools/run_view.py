@@ -3,7 +3,8 @@
 The log file (``$FLWR_HOME/last-run.log``) always holds every line. The quiet view shows
 fedtune's round lines, its waits (for the nodes to start, for a round's replies: one such line
 every 30 s at most, where the log has one every few seconds) and every warning or error
-(fedtune's, Flower's, a node's in Ray); it hides Flower's and Ray's INFO lines, the Flower CLI's
+(fedtune's, Flower's, a node's in Ray, and a raw Python traceback's first and last lines); it
+hides Flower's and Ray's INFO lines, the Flower CLI's
 progress lines, the libraries' Python warnings, and the results folder, which `fedtune run`
 prints once, last. A run that fails shows the end of the log (``tail``).
 """
@@ -29,6 +30,9 @@ WAIT_SECONDS = 30.0  # a wait's line at most this often
 # and Ray's actors are stopped at the end of every run
 HARMLESS = ("default simulated SuperNodes changed", "Manually terminating ClientAppActor")
 TAIL_LINES = 20
+# a Python error printed raw (a node's or a library's): its first line and its last
+RAW_ERROR = re.compile(r"^(Traceback \(most recent call last\):"
+                       r"|[A-Za-z_][\w.]*(Error|Exception): )")
 
 
 class QuietView:
@@ -49,7 +53,7 @@ class QuietView:
             level, message = match.groups()
             return level in ("WARNING", "ERROR", "CRITICAL") and not any(
                 harmless in message for harmless in HARMLESS)
-        return False
+        return bool(RAW_ERROR.match(text))
 
     def wait_due(self) -> bool:
         now = self.clock()
