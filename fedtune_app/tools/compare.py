@@ -42,7 +42,7 @@ from fedtune_app.tools.analysis import (
     last_evaluated,
     result_columns,
 )
-from fedtune_app.tools.preflight import preflight
+from fedtune_app.tools.preflight import check_data, check_fleet, check_machine
 
 
 def run_config_of(method: str, run_config: dict) -> dict:
@@ -166,6 +166,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
             seeds: list[int] | None = None) -> list[dict]:
     """Run every method once per seed (None: the run config's own seed); one row per run."""
+    if not methods:
+        raise ConfigError(f"--methods: no method given; allowed: {', '.join(METHODS)}")
     for m in methods:
         if m not in METHODS:
             raise ConfigError(f"--methods: {m!r} is not an available method; allowed: "
@@ -173,9 +175,11 @@ def compare(methods: list[str], run_config: dict, out: Path, command: str = "",
     settings = {}
     for method in methods:  # bad keys (or a method the keys do not fit) stop here, before any run
         cfg = resolve_config(run_config_of(method, run_config))
-        preflight(cfg)
+        check_fleet(cfg)  # each method reads the clients' capacities its own way
         if cfg.federation.fleet.strip():
             settings[method] = describe(cfg)
+    check_machine(cfg)  # the machine and the data are every method's: checked once
+    check_data(cfg)
     if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0):
         raise ConfigError(f"--seeds {seeds}: expected distinct non-negative integers, e.g. 0,1,2")
     configs = [dict(run_config)] if seeds is None else \
