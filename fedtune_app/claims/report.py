@@ -56,10 +56,8 @@ from fedtune_app.claims.verdicts import (
     GAP_TARGET,
     READ_AT_ROUNDS,
     evaluate,
-    paired_differences,
     seeds_with,
     setting_gap,
-    test_set_error,
 )
 from fedtune_app.tools.fingerprint import code_fingerprints
 
@@ -413,7 +411,9 @@ def confirmatory_table(tier: str, store: Path) -> list[str]:
 def decomposition_section(tier: str, records: dict) -> list[str]:
     """Each claim of ``reg.DECOMPOSITIONS`` beside its parts, on the seeds all of them have:
     the parts' paired differences add up to the whole's seed by seed, each with its interval
-    (seeds and test set, closed form)."""
+    (seeds and test set, closed form: rule v3's ``interval_v3``)."""
+    from fedtune_app.claims.verdicts_v3 import interval_v3
+
     lines = []
     for whole_id, parts in reg.DECOMPOSITIONS.items():
         whole = reg.CLAIMS[whole_id]
@@ -432,8 +432,7 @@ def decomposition_section(tier: str, records: dict) -> list[str]:
             if len(seeds) < 2:
                 cell = "not yet: fewer than 2 seeds that every arm has"
             else:
-                se, _ = test_set_error(c.terms, tier, records, seeds, closed_form=True)
-                iv = cs.combined_interval(paired_differences(c.terms, records, seeds), se)
+                iv = interval_v3(c.terms, tier, records, seeds, 0.95)[0]
                 cell = f"{iv.mean:+.2f} ({iv.low:+.2f} to {iv.high:+.2f})"
             lines.append(f"| {label} | `{c.id}` | {cell} |")
         lines.append("")
