@@ -957,6 +957,65 @@ def test_tuned_rates_from_fake_tuning_records(tmp_path, monkeypatch, smoke_claim
         ("fedra", 0.01), ("all-small", 0.01), ("all-large", 0.01)}
 
 
+def test_rule_v3_widens_an_edge_choice_one_rung_at_a_time(tmp_path, monkeypatch, smoke_claim):
+    """An arm whose choice is its grid's largest (smallest) rate runs the next rung of the
+    ladder on the tuning seeds, again while it stays the best, until the choice is inside its
+    grid or the ladder ends (the edge's reason); the exploratory choice stays LR_GRID's."""
+    from fedtune_app.apps.results import write_json
+
+    monkeypatch.setitem(reg.LR_GRID, "smoke", (0.01, 0.1))
+    monkeypatch.setitem(reg.LR_LADDER, "smoke", (0.001, 0.01, 0.1, 1.0))
+    monkeypatch.setattr(reg, "TUNING_KEYS", reg.TUNING_KEYS | {"validation-fraction": 0.2})
+    (tmp_path / "tuning" / "smoke").mkdir(parents=True)
+    # validation mean per (arm, rate), both seeds alike; rejected replies at a diverged rung
+    value = {("fedra", 0.01): 60, ("fedra", 0.1): 70, ("fedra", 1.0): 20,
+             ("all-small", 0.01): 50, ("all-small", 0.1): 40, ("all-small", 0.001): 55,
+             ("all-large", 0.01): 80, ("all-large", 0.1): 85, ("all-large", 1.0): 90}
+    rejected = {("fedra", 1.0): 3}
+
+    def store(specs):
+        for spec in specs:
+            v = value[spec.arm, spec.keys["lr"]]
+            curve = [{"round": r, "accuracy": v / 100} for r in (1, 2, 3)]
+            write_json(tmp_path / "tuning" / "smoke" / f"{spec.name}.json",
+                       {"hash": spec.hash, "curve": curve, "final": v / 100,
+                        "rejected-replies": rejected.get((spec.arm, spec.keys["lr"]), 0)})
+
+    first = planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path)
+    assert {(s.arm, s.keys["lr"]) for s in first} == {
+        (a, lr) for a in ("fedra", "all-small", "all-large") for lr in (0.01, 0.1)}
+    store(first)
+    wider = planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path)
+    new = {(s.arm, s.keys["lr"], s.seed) for s in wider} - {
+        (s.arm, s.keys["lr"], s.seed) for s in first}
+    # fedra and AllLarge chose 0.1 (the top): 1.0 next; AllSmall chose 0.01 (the bottom): 0.001
+    assert new == {(a, lr, seed) for a, lr in (("fedra", 1.0), ("all-large", 1.0),
+                                               ("all-small", 0.001)) for seed in (1000, 1001)}
+    waiting = planning.tuned_rates("smoke", tmp_path, widened=True)
+    assert waiting["t-smoke", "fedra"].lr is None
+    assert waiting["t-smoke", "fedra"].next_rates == (1.0,)
+    store(wider)
+    again = planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path)
+    assert {s.hash for s in again} == {s.hash for s in wider}  # all in: no rung more
+    rates = planning.tuned_rates("smoke", tmp_path, widened=True)
+    fedra, small, large = (rates["t-smoke", a] for a in ("fedra", "all-small", "all-large"))
+    # fedra: 1.0 diverged (20 < 70): 0.1 is now inside its grid, the rung's rejections named
+    assert (fedra.lr, fedra.grid, fedra.edge, fedra.rejected) == (0.1, (0.01, 0.1, 1.0), None,
+                                                                   {1.0: 6})
+    # AllSmall: 0.001 is better still and the ladder's bottom: an edge with its reason
+    assert (small.lr, small.grid, small.edge) == (0.001, (0.001, 0.01, 0.1),
+                                                  "the ladder ends at 0.001")
+    assert (large.lr, large.edge) == (1.0, "the ladder ends at 1")
+    assert large.means == pytest.approx({0.01: 80, 0.1: 85, 1.0: 90})
+    # the exploratory seeds keep LR_GRID's choices; the confirmatory campaign takes the widened
+    exploratory = planning.tuned_rates("smoke", tmp_path)
+    assert {a: exploratory["t-smoke", a].lr for a in ("fedra", "all-small", "all-large")} == {
+        "fedra": 0.1, "all-small": 0.01, "all-large": 0.1}
+    assert planning.arm_rates("smoke", list(rates), store=tmp_path, widened=True) == {
+        ("t-smoke", "fedra"): 0.1, ("t-smoke", "all-small"): 0.001,
+        ("t-smoke", "all-large"): 1.0}
+
+
 def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeypatch,
                                                               smoke_claim):
     monkeypatch.setitem(reg.TIER_SEEDS, "smoke", 2)  # a tier with a fixed seed count: 6 runs
@@ -1147,7 +1206,9 @@ def test_families_count_each_hypothesis_once_and_are_declared_before_their_runs(
     assert reg.v3_families("cpu") == {}
 
 
-def test_the_confirmatory_campaign_runs_the_readmes_findings_first_on_its_seeds():
+def test_the_confirmatory_campaign_runs_the_readmes_findings_first_on_its_seeds(monkeypatch):
+    # its order and seeds, whatever the widening of the rates has reached (no ladder: LR_GRID's)
+    monkeypatch.setitem(reg.LR_LADDER, "mini", ())
     specs = planning.plan_runs([], "mini", confirmatory=True)
     assert {s.seed for s in specs} == set(reg.CONFIRMATORY_SEEDS["mini"])
     # the first block: FedRA against AllSmall in fedra-uneven, seed-major, gate arms first
@@ -1161,7 +1222,8 @@ def test_the_confirmatory_campaign_runs_the_readmes_findings_first_on_its_seeds(
         planning.plan_runs([], "cpu", confirmatory=True)
 
 
-def test_the_dry_run_lists_the_confirmatory_campaign(capsys):
+def test_the_dry_run_lists_the_confirmatory_campaign(capsys, monkeypatch):
+    monkeypatch.setitem(reg.LR_LADDER, "mini", ())  # as above
     cli.main(["run", "fedra-t1-vs-allsmall", "fedra-t5-half-eq3-similar", "--tier", "mini",
               "--dry-run"])
     out = capsys.readouterr().out

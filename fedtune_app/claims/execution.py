@@ -38,12 +38,18 @@ def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STOR
                 results: Path = RESULTS, log=print, arms: list[str] | None = None,
                 jobs: int = 1, rerun_older: bool = False) -> dict:
     """Run the tuning runs still missing (``jobs`` at a time; ``rerun_older``: and those made
-    by older code); rewrite ``tuning/<tier>-rates.json`` and return the choices of the
-    claims asked for."""
-    specs = plan_tuning(patterns, tier, arms)
-    _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
-    write_rates(tier, store)
-    return tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)))
+    by older code), then each arm's next rung while its choice sits at its grid's edge (rule
+    v3's widening, planned again after each batch); rewrite ``tuning/<tier>-rates.json`` after
+    each batch and return the widened choices of the claims asked for."""
+    ran: set = set()
+    while True:
+        specs = plan_tuning(patterns, tier, arms, store)
+        if {s.hash for s in specs} <= ran:
+            break
+        ran |= {s.hash for s in specs}
+        _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
+        write_rates(tier, store)
+    return tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)), widened=True)
 
 
 def write_rates(tier: str, store: Path = STORE) -> None:
@@ -51,12 +57,17 @@ def write_rates(tier: str, store: Path = STORE) -> None:
     means (not only those of the last ``tune``'s claims)."""
     from fedtune_app.apps.results import write_json
 
-    choices = tuned_rates(tier, store)
+    exploratory, widened = tuned_rates(tier, store), tuned_rates(tier, store, widened=True)
     write_json(store / "tuning" / f"{tier}-rates.json", {
         "rule": reg.LR_RULE, "grid": list(reg.LR_GRID[tier]), "seeds": list(reg.TUNING_SEEDS),
-        "rates": {f"{s} {a}": {"lr": c.lr, "best-round": c.best_round,
-                               "validation-means": {f"{k:g}": v for k, v in c.means.items()}}
-                  for (s, a), c in choices.items()}})
+        "widening": reg.LR_WIDENING_RULE, "widening-date": reg.LR_WIDENING_DATE,
+        "rates": {f"{s} {a}": {
+            "lr": c.lr, "exploratory-lr": exploratory[s, a].lr, "best-round": c.best_round,
+            "grid": [f"{x:g}" for x in c.grid], "edge": c.edge,
+            "waits-for": [f"{x:g}" for x in c.next_rates],
+            "diverged": {f"{k:g}": n for k, n in c.rejected.items()},
+            "validation-means": {f"{k:g}": v for k, v in c.means.items()}}
+            for (s, a), c in widened.items()}})
 
 
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,

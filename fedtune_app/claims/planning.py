@@ -61,17 +61,18 @@ def tier_pairs(claims: list[Claim]) -> list[tuple[str, str]]:
     return list(dict.fromkeys(p for c in claims for p in claim_arms(c)))
 
 
-def arm_rates(tier: str, pairs, lr_mode: str = "tuned", store: Path = STORE) -> dict:
+def arm_rates(tier: str, pairs, lr_mode: str = "tuned", store: Path = STORE,
+              widened: bool = False) -> dict:
     """(setting, arm) -> the rate its claim runs use: None on a tier without a grid (its own
     keys' rate), the papers' 0.01 with ``lr_mode='paper'``, else the tuned choice (missing
-    where the tuning runs are not all in)."""
+    where the tuning runs are not all in; ``widened``: rule v3's, the confirmatory seeds')."""
     if lr_mode not in LR_MODES:
         raise SystemExit(f"claims: --lr {lr_mode!r}: expected one of {', '.join(LR_MODES)}")
     if tier not in reg.LR_GRID:
         return {p: None for p in pairs}
     if lr_mode == "paper":
         return {p: reg.PAPER_LR for p in pairs}
-    choices = tuned_rates(tier, store, pairs)
+    choices = tuned_rates(tier, store, pairs, widened)
     return {p: choices[p].lr for p in pairs if choices[p].lr is not None}
 
 
@@ -99,7 +100,7 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
     numbers = range(MAX_SEEDS)
     if confirmatory:
         claims, numbers = confirmatory_claims(claims, tier), reg.CONFIRMATORY_SEEDS[tier]
-    rates = arm_rates(tier, tier_pairs(claims), lr_mode, store)
+    rates = arm_rates(tier, tier_pairs(claims), lr_mode, store, widened=confirmatory)
     untuned = [p for p in tier_pairs(claims) if p not in rates and (not arms or p[1] in arms)]
     if untuned:
         raise SystemExit(f"claims: no learning rate chosen yet for {len(untuned)} arm(s) of tier "
@@ -188,14 +189,21 @@ def _check_arms(arms) -> None:
 @dataclass(frozen=True)
 class RateChoice:
     """One arm's rate in one setting: ``means`` (rate -> mean primary metric on validation over
-    the tuning seeds in, points), ``lr`` by the registry's rule once every rate has every tuning
-    seed (else None), ``best_round``: the round of the chosen rate's highest mean validation
-    curve (the report reads the claim runs' test accuracy there)."""
+    the tuning seeds in, points), ``lr`` by the registry's rule once every rate of its grid has
+    every tuning seed (else None), ``best_round``: the round of the chosen rate's highest mean
+    validation curve (the report reads the claim runs' test accuracy there). Widened (rule v3):
+    ``grid`` the rates the choice is made over, ``next_rates`` the rungs it still waits for,
+    ``edge`` why a choice at its grid's edge was not widened further (None: inside),
+    ``rejected``: rate -> replies rejected over its tuning runs (not finite: it diverged)."""
 
     lr: float | None
     means: dict = field(default_factory=dict)
     seeds: dict = field(default_factory=dict)  # rate -> tuning seeds in
     best_round: int | None = None
+    grid: tuple = ()
+    next_rates: tuple = ()
+    edge: str | None = None
+    rejected: dict = field(default_factory=dict)
 
 
 def choose_rate(means: dict) -> float:
@@ -206,61 +214,97 @@ def choose_rate(means: dict) -> float:
 
 
 def plan_tuning(patterns: list[str] = (), tier: str = "mini",
-                arms: list[str] | None = None) -> list[RunSpec]:
-    """Every tuning run the claims need: each (setting, arm) at each rate of the grid on each
-    tuning seed, seed-major."""
+                arms: list[str] | None = None, store: Path = STORE,
+                widened: bool = True) -> list[RunSpec]:
+    """The tuning runs the claims need now: each (setting, arm) at each rate of the grid on each
+    tuning seed, seed-major; ``widened`` (rule v3): and the next rung of the ladder of each arm
+    whose choice sits at its grid's edge (``tuned_rates``; a campaign plans again once those
+    are in)."""
     if tier not in reg.LR_GRID:
         raise SystemExit(f"claims: tier {tier!r} has no learning-rate grid (tiers that tune: "
                          f"{', '.join(reg.LR_GRID)}); it runs {reg.PAPER_LR:g} untuned")
     _check_arms(arms)
     runs: dict[str, RunSpec] = {}
-    pairs = tier_pairs(match_claims(list(patterns), tier))
+    pairs = [p for p in tier_pairs(match_claims(list(patterns), tier))
+             if not arms or p[1] in arms]
+    rates = {p: reg.LR_GRID[tier] for p in pairs}
+    if widened:
+        choices = tuned_rates(tier, store, pairs, widened=True)
+        rates = {p: (*choices[p].grid, *choices[p].next_rates) for p in pairs}
     for seed in reg.TUNING_SEEDS:
         for setting, arm in pairs:
-            if arms and arm not in arms:
-                continue
-            for lr in reg.LR_GRID[tier]:
+            for lr in rates[setting, arm]:
                 spec = RunSpec(tier, setting, arm, seed,
                                tuning_config(tier, setting, arm, seed, lr), "tuning")
                 runs.setdefault(spec.hash, spec)
     return list(runs.values())
 
 
-def tuned_rates(tier: str, store: Path = STORE, pairs=None) -> dict:
-    """(setting, arm) -> ``RateChoice`` from the stored tuning records, by the registry's rule."""
+def tuned_rates(tier: str, store: Path = STORE, pairs=None, widened: bool = False) -> dict:
+    """(setting, arm) -> ``RateChoice`` from the stored tuning records, by the registry's rule:
+    over ``LR_GRID`` (the exploratory seeds' rates) or, ``widened``, over each arm's grid
+    widened along ``LR_LADDER`` (``LR_WIDENING_RULE``: rule v3's rates)."""
     by_hash = records_by_hash(store / "tuning" / tier)
     pairs = pairs if pairs is not None else tier_pairs(
         [c for c in reg.CLAIMS.values() if tier in tiers_of(c)])
-    out = {}
-    for setting, arm in pairs:
-        runs = {lr: [by_hash[h] for seed in reg.TUNING_SEEDS
-                     if (h := hash_or_none(tier, setting, arm, seed, lr, tuning=True)) in by_hash]
-                for lr in reg.LR_GRID[tier]}
+
+    def runs_at(setting, arm, lr):
+        return [by_hash[h] for seed in reg.TUNING_SEEDS
+                if (h := hash_or_none(tier, setting, arm, seed, lr, tuning=True)) in by_hash]
+
+    return {(setting, arm): _choice(lambda lr, s=setting, a=arm: runs_at(s, a, lr),
+                                    reg.LR_GRID[tier], reg.LR_LADDER.get(tier, ()) if widened else ())
+            for setting, arm in pairs}
+
+
+def _choice(runs_at, grid: tuple, ladder: tuple) -> RateChoice:
+    """One arm's choice over ``grid``, widened one rung of ``ladder`` at a time while the choice
+    is the grid's largest (smallest) rate."""
+    grid = tuple(sorted(grid))
+    while True:
+        runs = {lr: runs_at(lr) for lr in grid}
+        seeds = {lr: len(rs) for lr, rs in runs.items()}
         means = {lr: float(np.mean([primary_points(r) for r in rs])) for lr, rs in runs.items()
                  if rs}
-        complete = all(len(rs) == len(reg.TUNING_SEEDS) for rs in runs.values())
-        lr = choose_rate(means) if complete else None
-        best = None
-        if lr is not None:
+        if not all(n == len(reg.TUNING_SEEDS) for n in seeds.values()):
+            return RateChoice(None, means, seeds, grid=grid)
+        lr = choose_rate(means)
+        edge, wider = _widening(lr, grid, ladder)
+        if wider is None:
             curve = cs.mean_curve([curve_points(r) for r in runs[lr]])
             best = max(curve, key=lambda point: point[1])[0]
-        out[setting, arm] = RateChoice(lr, means, {k: len(v) for k, v in runs.items()}, best)
-    return out
+            rejected = {x: n for x, rs in runs.items()
+                        if (n := sum(r.get("rejected-replies", 0) for r in rs))}
+            return RateChoice(lr, means, seeds, best, grid, (), edge, rejected)
+        if len(runs_at(wider)) < len(reg.TUNING_SEEDS):  # the next rung is not all in
+            return RateChoice(None, means, seeds, grid=grid, next_rates=(wider,))
+        grid = tuple(sorted((*grid, wider)))
+
+
+def _widening(lr: float, grid: tuple, ladder: tuple):
+    """(why a choice at the grid's edge stays there, or None; the rung to run next, or None)."""
+    if not ladder or grid[0] < lr < grid[-1]:
+        return None, None
+    beyond = [x for x in ladder if (x > lr if lr == grid[-1] else x < lr)]
+    if not beyond:
+        return f"the ladder ends at {lr:g}", None
+    return None, min(beyond) if lr == grid[-1] else max(beyond)
 
 
 def load_records(tier: str, store: Path = STORE, lr_mode: str = "tuned",
-                 extra: dict | None = None, seeds=range(MAX_SEEDS)
+                 extra: dict | None = None, seeds=range(MAX_SEEDS), widened: bool = False
                  ) -> dict[tuple[str, str, int], dict]:
     """(setting, arm, seed) -> record, for every setting whose run config matches a stored run
     (a setting shares the runs of another with the same keys), at each arm's rate; ``extra``:
     the runs made with these keys over the tier's (a robustness check's); ``seeds``: which
-    (default the exploratory 0..MAX_SEEDS-1; rule v3 reads ``CONFIRMATORY_SEEDS``)."""
+    (default the exploratory 0..MAX_SEEDS-1 at ``LR_GRID``'s rates; rule v3 reads
+    ``CONFIRMATORY_SEEDS`` at the widened grid's, ``widened``)."""
     by_hash = records_by_hash(store / "runs" / tier)
     out = {}
     if not by_hash:
         return out
     pairs = tier_pairs([c for c in reg.CLAIMS.values() if tier in tiers_of(c)])
-    rates = arm_rates(tier, pairs, lr_mode, store)
+    rates = arm_rates(tier, pairs, lr_mode, store, widened)
     for setting_id, arm in sorted(pairs):
         if (setting_id, arm) not in rates:
             continue  # not tuned yet

@@ -92,6 +92,21 @@ TUNING_KEYS = {"evaluation-split": "validation"}
 LR_RULE = ("the rate with the highest mean primary metric (mean of the last three evaluations) "
            "on the validation split over the tuning seeds; means equal to 0.01 points go to "
            "the smaller rate")
+# rule v3's rates (the confirmatory seeds run at them; the exploratory seeds keep LR_GRID's): 71
+# of 89 arms chose LR_GRID's largest rate, an edge and not an optimum. So each arm's grid is
+# widened on the same tuning seeds, one rung of the ladder (half-decade steps) at a time, while
+# its chosen rate is the largest (smallest) rate it has run: until the choice lies inside its
+# grid (a rung that diverged, its replies rejected as not finite, scores low and so ends it) or
+# the ladder ends (recorded as the edge's reason). Written on LR_WIDENING_DATE, before any run
+# of a rung beyond LR_GRID.
+LR_LADDER = {"mini": (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)}
+LR_WIDENING_DATE = "2026-12-07"
+LR_WIDENING_RULE = (
+    "LR_RULE over a grid widened arm by arm: while the chosen rate is the largest (smallest) the "
+    "arm has run, it also runs the next rung up (down) of the ladder "
+    + ", ".join(f"{x:g}" for x in LR_LADDER["mini"]) + " on the tuning seeds; the widening "
+    "stops when the choice lies inside the arm's grid (a rung that diverged, its replies "
+    "rejected as not finite, is named) or at the ladder's end (the edge's reason)")
 # the exploratory verdict rule (it judges seeds 0-9 of the mini tier), written on 2026-11-28 after
 # most of those runs had been run and quoted, so its verdicts are exploratory; only the seven
 # pooled HeteroTune claims ran after it. Why it was written: the earlier gate asked

@@ -439,10 +439,35 @@ def decomposition_section(tier: str, records: dict) -> list[str]:
     return lines
 
 
+def rates_table(tier: str, widened: dict, exploratory: dict) -> list[str]:
+    """Each arm's validation means over its widened grid, its exploratory and confirmatory rate,
+    and why a rate at its grid's edge stays there."""
+    ladder = [x for x in reg.LR_LADDER[tier]
+              if any(x in c.grid or x in c.next_rates for c in widened.values())]
+    lines = [f"### Learning rates of tier `{tier}`", "",
+             f"Exploratory seeds: {reg.LR_RULE}, over {_grid(tier)}. Confirmatory seeds "
+             f"(rule v3, written {reg.LR_WIDENING_DATE}): {reg.LR_WIDENING_RULE}. Validation "
+             "means (points, tuning seeds in); `-`: not run; `...`: waits for its runs.", "",
+             "| setting | arm | exploratory lr | confirmatory lr | "
+             + " | ".join(f"lr {x:g}" for x in ladder) + " | best validation round | edge |",
+             "|---|---|---|---|" + "---|" * len(ladder) + "---|---|"]
+    for (st, arm), ch in widened.items():
+        cells = " | ".join(
+            f"{ch.means[x]:.2f} ({ch.seeds[x]})" + (f", {ch.rejected[x]} rejected"
+                                                    if ch.rejected.get(x) else "")
+            if x in ch.means else "..." if x in ch.next_rates else "-" for x in ladder)
+        old = exploratory[st, arm].lr
+        lines.append(f"| `{st}` | {arm} | {'-' if old is None else f'{old:g}'} | "
+                     f"{'-' if ch.lr is None else f'{ch.lr:g}'} | {cells} | "
+                     f"{ch.best_round or '-'} | {ch.edge or '-'} |")
+    return lines + [""]
+
+
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
                  at_paper_rate: dict | None, checks: dict) -> list[str]:
     claims = [r["claim"] for r in rows]
-    choices = tuned_rates(tier, store, tier_pairs(claims)) if tier in reg.LR_GRID else {}
+    choices = (tuned_rates(tier, store, tier_pairs(claims), widened=True)
+               if tier in reg.LR_GRID else {})
     lines = [f"## Tier `{tier}`: {TIER_TITLE.get(tier, tier)}", "", TIER_TEXT.get(tier, ""), ""]
     if not records:
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
@@ -450,18 +475,7 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
     lines += (verdict_rows(rows, at_paper_rate, checks) + [""] + tier_summary(rows, records)
               + decomposition_section(tier, records) + tier_cost(tier, records, store))
     if choices:
-        lines += [f"### Learning rates of tier `{tier}`", "",
-                  f"Rule: {reg.LR_RULE}. Validation means (points) per "
-                  "rate; `-`: tuning runs not all in.", "",
-                  "| setting | arm | chosen lr | " + " | ".join(
-                      f"lr {x:g}" for x in reg.LR_GRID[tier]) + " | best validation round |",
-                  "|---|---|---|" + "---|" * len(reg.LR_GRID[tier]) + "---|"]
-        for (st, arm), ch in choices.items():
-            means = " | ".join(f"{ch.means[x]:.2f} ({ch.seeds[x]})" if x in ch.means else "-"
-                               for x in reg.LR_GRID[tier])
-            lines.append(f"| `{st}` | {arm} | {'-' if ch.lr is None else f'{ch.lr:g}'} | "
-                         f"{means} | {ch.best_round or '-'} |")
-        lines.append("")
+        lines += rates_table(tier, choices, tuned_rates(tier, store, tier_pairs(claims)))
     if records:
         lines += [f"### Settings of tier `{tier}`", ""]
         for st in SETTINGS:

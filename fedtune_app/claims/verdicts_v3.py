@@ -204,12 +204,12 @@ def add_robustness(rows: list[dict], at_paper: list[dict], records: dict, paper_
 def evaluate_v3(tier: str = "mini", store: Path = STORE, records: dict | None = None,
                 paper_records: dict | None = None) -> list[dict]:
     """One row per claim of the tier with its rule-v3 verdict on the confirmatory seeds
-    (``records``: (setting, arm, seed) -> record at the tuned rates; ``paper_records``: the
+    (``records``: (setting, arm, seed) -> record at the widened grid's rates; ``paper_records``: the
     same at the papers' 0.01, for the robustness word; both read from ``store`` when
     ``records`` is not given)."""
     seeds = reg.CONFIRMATORY_SEEDS[tier]
     if records is None:
-        records = load_records(tier, store, seeds=seeds)
+        records = load_records(tier, store, seeds=seeds, widened=True)
         paper_records = load_records(tier, store, "paper", seeds=seeds)
     paper_records = paper_records or {}
     rows = judge(tier, records, tier)
