@@ -217,7 +217,7 @@ def plan_tuning(patterns: list[str] = (), tier: str = "mini",
                 arms: list[str] | None = None, store: Path = STORE,
                 widened: bool = True) -> list[RunSpec]:
     """The tuning runs the claims need now: each (setting, arm) at each rate of the grid on each
-    tuning seed, seed-major; ``widened`` (rule v3): and the next rung of the ladder of each arm
+    tuning seed, arm by arm; ``widened`` (rule v3): and the next rung of the ladder of each arm
     whose choice sits at its grid's edge (``tuned_rates``; a campaign plans again once those
     are in)."""
     if tier not in reg.LR_GRID:
@@ -231,8 +231,8 @@ def plan_tuning(patterns: list[str] = (), tier: str = "mini",
     if widened:
         choices = tuned_rates(tier, store, pairs, widened=True)
         rates = {p: (*choices[p].grid, *choices[p].next_rates) for p in pairs}
-    for seed in reg.TUNING_SEEDS:
-        for setting, arm in pairs:
+    for setting, arm in pairs:  # arm-major: a campaign cut short leaves whole choices
+        for seed in reg.TUNING_SEEDS:
             for lr in rates[setting, arm]:
                 spec = RunSpec(tier, setting, arm, seed,
                                tuning_config(tier, setting, arm, seed, lr), "tuning")
