@@ -81,11 +81,12 @@ def test_keys_given_beside_a_preset_are_named_for_flower(tmp_path):
 
 def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path, monkeypatch,
                                                                         capsys):
-    """The mini preset's backbone is made offline and kept out of git: without it `fedtune run`
-    stops before Flower starts, naming the file and the pretraining command of its family."""
+    """The mini preset's backbone is made offline: without it (and without a committed copy)
+    `fedtune run` stops before Flower starts, naming the file and its pretraining command."""
     from fedtune_app.tools import pretrain
 
     monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that never pretrained
+    monkeypatch.setattr(pretrain, "COMMITTED", tmp_path / "none")  # a checkout without copies
 
     def no_flower(*args, **kwargs):
         raise AssertionError("`flwr run` started")
@@ -100,6 +101,27 @@ def test_a_missing_stand_in_checkpoint_names_the_command_that_makes_it(tmp_path,
         "--threads 1`)\n")
 
 
+def test_a_missing_stand_in_is_restored_from_its_committed_copy_byte_for_byte(tmp_path,
+                                                                             monkeypatch):
+    """A stand-in family's file missing from the cache is copied from docs/claims/backbones/
+    (the files the claims' records load); a file of no family is not."""
+    from fedtune_app.claims.store import run_config
+    from fedtune_app.methods import resolve_config
+    from fedtune_app.model.frozen_weights import sha256_of
+    from fedtune_app.tools import pretrain
+
+    committed = pretrain.COMMITTED / "vit12-s-fmnist-mnist16.safetensors"
+    assert committed.is_file()
+    monkeypatch.setattr(pretrain, "CACHE", tmp_path / "cache")
+    restored = tmp_path / "cache" / committed.name
+    keys = run_config("mini", "fedra-uneven", "fedra", 0) | {"model-source": str(restored)}
+    assert pretrain.missing_checkpoints(resolve_config(keys)) == []
+    assert sha256_of(restored) == sha256_of(committed)
+    other = tmp_path / "mine.safetensors"  # no family's name: nothing to restore
+    assert pretrain.missing_checkpoints(resolve_config(keys | {"model-source": str(other)})) == [
+        f"{other}: no such checkpoint"]
+
+
 def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_source(
         tmp_path, monkeypatch):
     from fedtune_app.claims.store import run_config
@@ -107,6 +129,7 @@ def test_missing_checkpoints_per_group_once_and_a_checkpoint_url_fetches_its_sou
     from fedtune_app.tools import pretrain
 
     monkeypatch.setattr(pretrain, "CACHE", tmp_path)  # a machine that pretrained vit12-s only
+    monkeypatch.setattr(pretrain, "COMMITTED", tmp_path / "none")
     small, tiny = (tmp_path / f"{f}-fmnist-mnist16.safetensors" for f in ("vit12-s", "vit12-t"))
     small.write_bytes(b"")
     keys = run_config("mini", "heterotune-groups", "heterotune", 0)  # three widths' groups
