@@ -1386,7 +1386,8 @@ def test_rule_v3_reads_unstable_when_the_difference_drifts_towards_the_null(v3_t
     # the trend: rounds 36-40 (2 + i) minus rounds 28-32 (80 + i - (72 + i) = 8): -6, -5, -4,
     # mean -5, s 1, towards 0: t = 5 sqrt(3), one-sided p with 2 degrees of freedom
     # (1 - sqrt(t^2 / (t^2 + 2))) / 2 = (1 - sqrt(75 / 77)) / 2 = 0.00654 < 0.05
-    p, trend = row["drift"]
+    p, trend, how = row["drift"]
+    assert how == verdicts.TREND_SEEDS_ONLY  # hand-made records keep no per-example results
     assert p == pytest.approx((1 - math.sqrt(75 / 77)) / 2, rel=1e-9)
     assert trend.mean == pytest.approx(-5.0)
     assert trend.half_width == pytest.approx(0.95 * math.sqrt(2 / 0.0975) / math.sqrt(3))
@@ -1440,6 +1441,89 @@ def test_rule_v3_intervals_hold_the_closed_form_test_set_error(v3_tier):
                                  "closed form over test examples")
     assert row["verdict"].difference.half_width == pytest.approx(
         0.95 * math.sqrt(2 / 0.0975) * math.sqrt(1 / 3 + 30000 / 112), rel=1e-9)
+
+
+def _with_correct(record: dict, early: list, late: list) -> dict:
+    """A hand-made record over 4 test examples: right on the examples ``early`` at every
+    evaluation up to round 32 and on ``late`` at rounds 36 and 40, its curve to match; the
+    per-example results as a record keeps them (rounds 32-40 in ``test-correct``, 28, the
+    early window's other evaluation, in ``window-correct``)."""
+    from fedtune_app.apps.evaluation import pack_correct
+
+    def packed(right):
+        return {"0": {"all": pack_correct([int(i in right) for i in range(4)])}}
+
+    curve = [p | {"accuracy": len(late if p["round"] > 32 else early) / 4}
+             for p in record["curve"]]
+    return record | {"curve": curve, "test-correct": [packed(early), packed(late), packed(late)],
+                     "window-correct": {"28": packed(early)}}
+
+
+def test_rule_v3_drift_test_holds_the_trends_closed_form_test_set_error(v3_tier):
+    # rounds 4-40: the trend's windows are rounds 28, 32 (early) and 36, 40 (late). Per seed,
+    # FedRA's and InclusiveFL's examples right (early -> late), on 4 test examples:
+    #   seed 200: FedRA {0, 1} -> {0, 1, 2}     InclusiveFL {0, 1} -> {0, 1}
+    #   seed 201: FedRA {0, 1} -> {0, 1, 2, 3}  InclusiveFL {0, 1} -> {0, 1}
+    #   seed 202: FedRA {0, 1} -> {0, 1}        InclusiveFL {0, 1} -> {1}
+    # the trend of FedRA - InclusiveFL per example (late minus early), seed by seed:
+    # (0, 0, 1, 0), (0, 0, 1, 1), (1, 0, 0, 0); over the seeds u = (1/3, 0, 2/3, 1/3): mean
+    # 1/3, squared deviations 0 + 1/9 + 1/9 + 0, var (ddof 1) 2/27, se^2 = var / 4 = 1/54
+    records = dict(v3_tier)
+    for s, late in ((200, {0, 1, 2}), (201, {0, 1, 2, 3}), (202, {0, 1})):
+        records["t-hand", "fedra", s] = _with_correct(records["t-hand", "fedra", s], {0, 1}, late)
+    for s, late in ((200, {0, 1}), (201, {0, 1}), (202, {1})):
+        records["t-hand", "inclusivefl", s] = _with_correct(records["t-hand", "inclusivefl", s],
+                                                            {0, 1}, late)
+    se, how = verdicts.trend_test_error(reg.CLAIMS["t-a"].terms, "t", records, [200, 201, 202],
+                                        ([28, 32], [36, 40]))
+    assert (se, how) == (pytest.approx(100 / math.sqrt(54), rel=1e-12),
+                         "closed form over test examples")
+    # the drift test: trends 25, 50, 25 points (100 x the rows above summed), mean 100 / 3,
+    # s^2 / n = (625 / 3) / 3, plus se^2 = 10000 / 54: 6875 / 27 in all; the difference
+    # (+) moving away from 0 has t = -(100 / 3) / sqrt(6875 / 27), t^2 = 48 / 11, and with 2
+    # degrees of freedom P(T > t) = (1 + sqrt(t^2 / (t^2 + 2))) / 2 = (1 + sqrt(24 / 35)) / 2
+    p, trend, how = _v3(records)["t-a"]["drift"]
+    assert how == "closed form over test examples"
+    assert trend.mean == pytest.approx(100 / 3)
+    assert trend.half_width == pytest.approx(0.95 * math.sqrt(2 / 0.0975)
+                                             * math.sqrt(6875 / 27), rel=1e-9)
+    assert p == pytest.approx((1 + math.sqrt(24 / 35)) / 2, rel=1e-9)
+    # one record made before records kept the early window: the seeds' spread alone, said so
+    del records["t-hand", "inclusivefl", 202]["window-correct"]
+    p, trend, how = _v3(records)["t-a"]["drift"]
+    assert how == verdicts.TREND_SEEDS_ONLY
+    assert trend.half_width == pytest.approx(0.95 * math.sqrt(2 / 0.0975)
+                                             * math.sqrt(625 / 9), rel=1e-9)
+
+
+def test_a_record_keeps_the_trend_windows_example_by_example(tmp_path):
+    """A mini run (60 rounds evaluated every 5, six styles of 359 digits): the windows are
+    rounds 40, 45 and 50-60; ``test-correct`` keeps 50-60 as before, ``window-correct`` 40 and
+    45, and nothing else. What it adds to the file (``write_json``: indent 1): per evaluation,
+    six lines of 4 spaces, the quoted style name (62 characters over the six), ': ', the quoted
+    "359:" and 90 hex digits (45 bytes of bits; 96 characters), a line end, and a comma on five
+    (685 characters), opened by '  "40": {' and '   "0": {' (10 each) and closed by '   }' and
+    '  }' (5 and 4 with their line ends; a comma after the first round): 714 + 715; then the key
+    ' "window-correct": {' and its line end (21), ' }' (2) and the comma and line end before it
+    (2): 1,454 bytes, about 30% on the 4.7 kB of a stored mini record."""
+    from fedtune_app.apps.evaluation import pack_correct
+    from fedtune_app.data.sources import DIGIT_STYLES
+
+    metrics = [{"round": r, "accuracy": 0.5, "loss": 1.0,
+                "test-correct": {style: pack_correct([(i + r + k) % 3 == 0 for i in range(359)])
+                                 for k, style in enumerate(DIGIT_STYLES)}}
+               for r in range(5, 61, 5)]
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    keys = run_store.run_config("mini", "fedra-uneven", "fedra", 0, 0.1)
+    record = execution.summarize_run(run_store.RunSpec("mini", "fedra-uneven", "fedra", 0, keys),
+                                     tmp_path, 1.0, "abc", fingerprint="f")
+    assert list(record["window-correct"]) == ["40", "45"]
+    kept = verdicts.correct_by_round(record)
+    assert sorted(kept) == [40, 45, 50, 55, 60]
+    assert all(kept[m["round"]] == {"0": m["test-correct"]} for m in metrics
+               if m["round"] in kept)
+    without = {k: v for k, v in record.items() if k != "window-correct"}
+    assert len(json.dumps(record, indent=1)) - len(json.dumps(without, indent=1)) == 1454
 
 
 def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier, monkeypatch):

@@ -73,7 +73,8 @@ def write_rates(tier: str, store: Path = STORE) -> None:
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
                   fingerprint: str | None = None, cpu_seconds: float | None = None) -> dict:
     """The small record of a finished run: its curve, final metrics, rejected replies, which test
-    examples its last evaluations got right, and the fingerprint of the code that ran it."""
+    examples its last evaluations got right (``test-correct``; those of the trend's windows
+    before them: ``window-correct``), and the fingerprint of the code that ran it."""
     from fedtune_app.apps.evaluation import unpack_correct
 
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -107,7 +108,24 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
         record["test-correct"] = [_by_group(c) for c in window]
         first = next(iter(record["test-correct"][0].values()))
         record["test-examples"] = sum(len(unpack_correct(v)) for v in first.values())
+        record |= _trend_windows_correct(curve, correct)
     return record
+
+
+def _trend_windows_correct(curve: list[dict], correct: list) -> dict:
+    """``window-correct``: {round: per-example correctness} of the trend windows' evaluations
+    that ``test-correct`` (the last ``LAST_EVALUATIONS``) does not hold, so the trend's
+    test-set error has its closed form; {} when the run has no two windows."""
+    rounds = [p["round"] for p in curve]
+    try:
+        early, late = cs.trend_windows(rounds)
+    except ValueError:
+        return {}
+    held = set(rounds[-cs.LAST_EVALUATIONS:])
+    kept = {r: c for r, c in zip(rounds, correct) if r in early + late and r not in held}
+    if not kept or not all(kept.values()):
+        return {}
+    return {"window-correct": {str(r): _by_group(c) for r, c in kept.items()}}
 
 
 def _by_group(correct: dict) -> dict:

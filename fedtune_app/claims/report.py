@@ -55,6 +55,7 @@ from fedtune_app.claims.store import (
 from fedtune_app.claims.verdicts import (
     GAP_TARGET,
     READ_AT_ROUNDS,
+    TREND_SEEDS_ONLY,
     evaluate,
     seeds_with,
     setting_gap,
@@ -390,15 +391,20 @@ def confirmatory_table(tier: str, store: Path) -> list[str]:
              f"Seeds {seeds[0]}-{seeds[-1]}, judged by rule v3 as stated above; "
              + family_status(tier, rows) + ". Difference: mean with the test's interval "
              "(seeds and test set); / gap: ours over the setting's AllLarge - AllSmall, the "
-             "paper's over its own; drift: the difference's trend over the last window (95%) "
-             "with the one-sided p of its move towards the null; at 0.01: the paired change "
-             "to the papers' rate (95%) and its word.", "",
+             "paper's over its own; drift: the difference's trend over the last window (95%, "
+             "seeds and the test set's closed-form error of the trend; *seeds only* where "
+             "the records keep no per-example results of both windows) with the one-sided p "
+             "of its move towards the null; at 0.01: the paired change to the papers' rate "
+             "(95%) and its word.", "",
              "| claim | seeds | difference | / gap | p | Holm p | verdict | drift | at 0.01 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         v = row["verdict"]
-        drift = (f"{ci_text(row['drift'][1])} (p {p_text(row['drift'][0])})"
-                 if row["drift"] else "-")
+        drift = "-"
+        if row["drift"]:
+            p, trend, how = row["drift"]
+            drift = (f"{ci_text(trend)} (p {p_text(p)}"
+                     + ("; *seeds only*)" if how == TREND_SEEDS_ONLY else ")"))
         lr = row.get("lr")
         verdict = f"**{v.verdict}**" + (f" ({v.reason})" if v.reason else "")
         lines.append(f"| `{row['claim'].id}` | {len(row['seeds'])} of {row['need']} | "

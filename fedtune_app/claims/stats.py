@@ -279,17 +279,30 @@ def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]
     return list(zip(rounds, values.mean(0).tolist()))
 
 
+def trend_windows(rounds: list[int], fraction: float = FLAT_FRACTION
+                  ) -> tuple[list[int], list[int]]:
+    """The evaluated rounds of the trend's two windows, (early, late): the last ``fraction`` of
+    rounds and the ``fraction`` before it, each window the evaluations whose round falls in
+    it. The one definition of the windows: the trend's value, the test-set error of it and
+    which evaluations a record keeps example by example all read it."""
+    if not rounds:
+        raise ValueError("no evaluated rounds: no trend windows")
+    last = rounds[-1]
+    edge, before = last - fraction * last, last - 2 * fraction * last
+    late = [r for r in rounds if r > edge]
+    early = [r for r in rounds if before < r <= edge]
+    if not late or not early:
+        raise ValueError(f"curve evaluated at rounds {rounds}: the windows ({before:g}, "
+                         f"{edge:g}] and ({edge:g}, {last}] need an evaluation each")
+    return early, late
+
+
 def window_gain(curve: list[tuple[int, float]], fraction: float = FLAT_FRACTION) -> float:
     """One run's (round, value) curve: the mean over its last ``fraction`` of rounds minus the
-    mean over the ``fraction`` before (each window: the evaluations whose round falls in it)."""
-    last = curve[-1][0]
-    edge, before = last - fraction * last, last - 2 * fraction * last
-    late = [v for r, v in curve if r > edge]
-    early = [v for r, v in curve if before < r <= edge]
-    if not late or not early:
-        raise ValueError(f"curve evaluated at rounds {[r for r, _ in curve]}: the windows "
-                         f"({before:g}, {edge:g}] and ({edge:g}, {last}] need an evaluation each")
-    return float(np.mean(late) - np.mean(early))
+    mean over the ``fraction`` before (``trend_windows``)."""
+    early, late = trend_windows([r for r, _ in curve], fraction)
+    values = dict(curve)
+    return float(np.mean([values[r] for r in late]) - np.mean([values[r] for r in early]))
 
 
 def arm_convergence(curves: list[list[tuple[int, float]]]) -> tuple[bool | None, Interval]:

@@ -64,11 +64,54 @@ def _label(claim: Claim, setting: str, arm: str) -> str:
     return f"{arm} ({setting})" if len(claim_settings(claim)) > 1 else arm
 
 
-def _unpacked(record: dict) -> list[dict]:
+def _unpack(evaluation: dict) -> dict:
     from fedtune_app.apps.evaluation import unpack_correct
 
-    return [{g: {s: unpack_correct(v) for s, v in strata.items()} for g, strata in ev.items()}
-            for ev in record["test-correct"]]
+    return {g: {s: unpack_correct(v) for s, v in strata.items()}
+            for g, strata in evaluation.items()}
+
+
+def _unpacked(record: dict) -> list[dict]:
+    return [_unpack(ev) for ev in record["test-correct"]]
+
+
+def correct_by_round(record: dict) -> dict[int, dict]:
+    """Round -> the per-example correctness (packed) of each evaluation a record keeps: the
+    last ``LAST_EVALUATIONS`` (``test-correct``) and the trend windows' others
+    (``window-correct``; records made before it have only the former)."""
+    held = record.get("test-correct", [])
+    rounds = [r for r, _ in curve_points(record)][-len(held):] if held else []
+    return dict(zip(rounds, held)) | {int(r): ev for r, ev in
+                                      record.get("window-correct", {}).items()}
+
+
+def _resampled(tier: str) -> tuple[bool, str]:
+    """(clustered, the resampling unit in words) of the tier's test set."""
+    clustered = tier in reg.CLUSTERED_TEST
+    return clustered, ("test digits, a digit's renderings resampled together" if clustered
+                       else "test examples")
+
+
+TREND_SEEDS_ONLY = ("seeds only: the records keep no per-example results of every evaluation "
+                    "in the trend's two windows (made before records kept them)")
+
+
+def trend_test_error(terms, tier: str, records: dict, seeds: list[int],
+                     windows: tuple[list[int], list[int]]) -> tuple[float, str]:
+    """(standard error in points, how) of the seed-mean of the trend of ``terms``' difference
+    (``windows``: the (early, late) rounds of ``stats.trend_windows``). The mean over the late
+    window minus the mean over the early one is linear in the per-example results, so
+    ``stats.paired_test_se`` gives its error in closed form, each term's late evaluations at
+    its coefficient and its early ones at minus it; (0, ``TREND_SEEDS_ONLY``) where a record
+    lacks an evaluation of a window."""
+    early, late = windows
+    kept = {(st, a, s): correct_by_round(records[st, a, s]) for s in seeds for _, st, a in terms}
+    if any(r not in by_round for by_round in kept.values() for r in early + late):
+        return 0.0, TREND_SEEDS_ONLY
+    runs = [[(sign * c, [_unpack(kept[st, a, s][r]) for r in window])
+             for c, st, a in terms for sign, window in ((1, late), (-1, early))] for s in seeds]
+    clustered, unit = _resampled(tier)
+    return cs.paired_test_se(runs, clustered=clustered), f"closed form over {unit}"
 
 
 def test_set_error(terms, tier: str, records: dict, seeds: list[int],
@@ -80,10 +123,8 @@ def test_set_error(terms, tier: str, records: dict, seeds: list[int],
     bound on the tier's test-set size, else NaN."""
     runs = [[(c, records[st, a, s]) for c, st, a in terms] for s in seeds]
     if all("test-correct" in r for seed_terms in runs for _, r in seed_terms):
-        clustered = tier in reg.CLUSTERED_TEST
+        clustered, unit = _resampled(tier)
         unpacked = [[(c, _unpacked(r)) for c, r in seed_terms] for seed_terms in runs]
-        unit = ("test digits, a digit's renderings resampled together" if clustered
-                else "test examples")
         if closed_form:
             return cs.paired_test_se(unpacked, clustered=clustered), f"closed form over {unit}"
         return cs.bootstrap_se(unpacked, clustered=clustered), f"bootstrap over {unit}"

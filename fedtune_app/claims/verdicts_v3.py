@@ -22,15 +22,11 @@ from fedtune_app.claims.verdicts import (
     paired_differences,
     seeds_with,
     test_set_error,
+    trend_test_error,
 )
 
 WITHHELD = "withheld"  # its test is in, its family's other members not yet
 CANNOT_SHOW = "this tier cannot show it"
-# The records keep per-example results for the primary metric's window only, so the trend's
-# test-set error (late window minus the window before, same runs, same test examples) is
-# bounded: var(L - E) = var L + var E - 2 cov <= 2 var L when the two windows err alike and
-# not against each other. An upper bound makes "unstable" harder to reach, never easier.
-TREND_TEST_SE_FACTOR = math.sqrt(2)
 PAPER_ARM = "lr 0.01: "  # the papers'-rate runs' arms, beside the tuned ones in one dict
 
 
@@ -62,17 +58,21 @@ def setting_gate(setting_id: str, tier: str, records: dict, seeds) -> Gate:
     return Gate(gap, have, gap.low > reg.PLANNED_DETECTABLE[tier] if done else None)
 
 
-def drift(claim: Claim, records: dict, seeds: list[int], mean: float, test_se: float
-          ) -> tuple[float, cs.Interval] | None:
+def drift(claim: Claim, tier: str, records: dict, seeds: list[int], mean: float
+          ) -> tuple[float, cs.Interval, str] | None:
     """The drift test (``stats.drift_test``) of the claim's difference towards its null, with
-    the trend's test-set error bounded by ``TREND_TEST_SE_FACTOR``; None with too few
-    evaluations for the two windows."""
+    the trend's closed-form test-set error where the records keep both windows example by
+    example (``trend_test_error``): (p, the trend's interval, how its test-set error was
+    had); None with too few evaluations for the two windows."""
+    curves = difference_curves(claim, records, seeds)
     try:
-        trends = [cs.window_gain(c) for c in difference_curves(claim, records, seeds)]
+        windows = cs.trend_windows([r for r, _ in curves[0]])
     except ValueError:
         return None
-    return cs.drift_test(trends, TREND_TEST_SE_FACTOR * test_se,
-                         cs.towards_null(mean, claim.direction, claim.margin))
+    trends = [cs.window_gain(c) for c in curves]
+    test_se, how = trend_test_error(claim.terms, tier, records, seeds, windows)
+    return (*cs.drift_test(trends, test_se, cs.towards_null(mean, claim.direction,
+                                                            claim.margin)), how)
 
 
 def claim_row(claim: Claim, tier: str, records: dict, seeds, gates: dict) -> dict:
@@ -96,7 +96,7 @@ def claim_row(claim: Claim, tier: str, records: dict, seeds, gates: dict) -> dic
                                    cs.interval_for(claim.direction))
     p = cs.p_value(diffs, claim.direction, claim.margin, error[0])
     row |= {"differences": diffs, "test_error": error, "tested": len(have) == len(seeds),
-            "drift": drift(claim, records, have, ci.mean, error[0])}
+            "drift": drift(claim, tier, records, have, ci.mean)}
     reason = "" if row["tested"] else f"{len(have)} of {len(seeds)} confirmatory seeds"
     row["verdict"] = cs.Verdict(cs.INCONCLUSIVE if row["tested"] else cs.RUNNING, ci, p,
                                 reason=reason)
@@ -107,8 +107,8 @@ def waiting_text(waiting: list[str]) -> str:
     return f"waiting for {len(waiting)} member{'s' * (len(waiting) != 1)}"
 
 
-def drift_text(found: tuple[float, cs.Interval]) -> str:
-    p, trend = found
+def drift_text(found: tuple[float, cs.Interval, str]) -> str:
+    p, trend, _ = found
     return (f"the difference drifts {trend.mean:+.2f} points (95% CI {trend.low:+.2f} to "
             f"{trend.high:+.2f}) over the last window, towards the null with p = {p:.3g}")
 
