@@ -1526,6 +1526,58 @@ def test_a_record_keeps_the_trend_windows_example_by_example(tmp_path):
     assert len(json.dumps(record, indent=1)) - len(json.dumps(without, indent=1)) == 1454
 
 
+def test_the_headline_is_rule_v3s_once_a_claim_has_its_confirmatory_seeds(
+        v3_tier, hand_tier, monkeypatch, tmp_path):
+    # a third claim whose runs are t-a's: twice in the exploratory counts, once in rule v3's
+    same = Claim("t-a2", "FedRA", "Table 1", "FedRA beats InclusiveFL (again)",
+                 reg.CLAIMS["t-a"].terms, "greater", 0.0, "", 9.0, same_as="t-a")
+    monkeypatch.setattr(reg, "CLAIMS", reg.CLAIMS | {"t-a2": same})
+    monkeypatch.setattr(reporting, "confirmatory_line", lambda tier, store: "(where it stands)")
+    exploratory = verdicts.evaluate("t", records=hand_tier)
+    out = tmp_path / "claims.md"
+    before = reporting.forest_section("t", tmp_path, out, exploratory, None, {})
+    assert before == [
+        "![t verdicts](t-forest.png)", "",
+        "Tier `t`, **exploratory** (seeds 0-2, judged by the rule of 2026-11-28, written after "
+        "most of their runs had been seen), 3 claims: 1 inconclusive, 2 reproduced; 0 of them "
+        "sensitive to the learning rate (the papers' 0.01 against the tuned rates) or, where "
+        "checked, to the papers' 100 rounds, by the exploratory rule's words; another backbone "
+        "not checked yet. (where it stands) Each claim's numbers: the table and sections "
+        "below.", ""]
+    # no claim with its confirmatory seeds: the headline stays the exploratory one
+    none_in = _v3({k: r for k, r in v3_tier.items() if k[2] == 200})
+    assert reporting.forest_section("t", tmp_path, out, exploratory, None, {},
+                                    list(none_in.values())) == before
+    # every confirmatory seed in, the papers' 0.01 with FedRA 3 points lower (t-a and t-b
+    # shift: test_rule_v3_robustness_word_from_the_paired_change_to_the_papers_rate)
+    paper = dict(v3_tier)
+    for i, (s, d) in enumerate(zip((200, 201, 202), (3.0, 2.5, 3.5))):
+        paper["t-hand", "fedra", s] = _flat(80.0 + i - d)
+    v3_rows = list(_v3(v3_tier, paper).values())
+    lines = reporting.forest_section("t", tmp_path, out, exploratory, None, {}, v3_rows)
+    assert lines == [
+        "![t confirmatory verdicts](t-forest-confirmatory.png)", "",
+        "Tier `t`, **confirmatory** (seeds 200-202, judged by rule v3 of 2026-12-07, written "
+        "before any of their runs), 2 hypotheses (a claim whose runs are another's counted "
+        "once), 2 of them with every confirmatory seed in: 1 inconclusive, 1 reproduced; at "
+        "the papers' 0.01, on the paired change: 2 shifts; family `t`: all 2 members in, "
+        "Holm-adjusted.", "",
+        "Beside them, tier `t`, **exploratory** (seeds 0-2, judged by the rule of 2026-11-28, "
+        "written after most of their runs had been seen), 3 claims: 1 inconclusive, 2 "
+        "reproduced; 0 of them sensitive to the learning rate (the papers' 0.01 against the "
+        "tuned rates) or, where checked, to the papers' 100 rounds, by the exploratory rule's "
+        "words; another backbone not checked yet. Their figure: [t-forest.png](t-forest.png). "
+        "Each claim's numbers: the tables and sections below.", ""]
+    assert (tmp_path / "t-forest-confirmatory.png").stat().st_size > 1000
+    # the README's block takes the same lines, its figures' paths from the README's folder
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n{run_store.README_BEGIN}\nold\n{run_store.README_END}\nend\n")
+    reporting.update_readme(readme, [line.replace("](t-", "](claims/t-") for line in lines])
+    text = readme.read_text()
+    assert "![t confirmatory verdicts](docs/claims/t-forest-confirmatory.png)" in text
+    assert "Their figure: [t-forest.png](docs/claims/t-forest.png)." in text
+
+
 def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier, monkeypatch):
     """FedRA - AllSmall (differences 1, 3, 5) as FedRA - InclusiveFL (10, 9, 8) plus
     InclusiveFL - AllSmall (-9, -6, -3): seed by seed the parts add up, and each row's 95%
