@@ -1578,6 +1578,39 @@ def test_the_headline_is_rule_v3s_once_a_claim_has_its_confirmatory_seeds(
     assert "Their figure: [t-forest.png](docs/claims/t-forest.png)." in text
 
 
+def test_the_check_at_the_papers_rate_says_whether_it_ran_at_the_papers_step_count(
+        monkeypatch):
+    assert {c.paper for c in CLAIMS.values()} <= set(reg.PAPER_STEPS)
+    # HeteroTune: 20 local epochs a round, no rounds stated; conf/mini-pooled.toml: 1 local
+    # epoch a round for 40 rounds, so a round gets 1/20 of the paper's local epochs
+    hetero = CLAIMS["heterotune-pooled-t1-vs-homo"]
+    assert claim_text.step_count_text(hetero, "mini") == (
+        "Step count: the paper 20 local epochs a round, its rounds not stated (HeteroTune Sec. "
+        "4, Implementation Details: SGD at lr 0.01, batch 128, each client's local training "
+        "rounds set to 20 (read as 20 local epochs)); here 1 local epoch a round for 40 "
+        "rounds, so not the paper's step count: 0.01 gets 1/20 of the paper's local epochs a "
+        "round.")
+    # FedRA: 1 local epoch for 100 rounds; conf/mini.toml 1 for 60: 60 / 100 = 3/5
+    fedra = CLAIMS["fedra-t1-vs-inclusivefl"]
+    assert claim_text.step_count_text(fedra, "mini").endswith(
+        "here 1 local epoch a round for 60 rounds, so not the paper's step count: 0.01 gets "
+        "3/5 of the paper's local epochs.")
+    assert claim_text.step_count_text(CLAIMS["flora-mixed-vs-fedit"], "mini") == (
+        "Step count: the paper's not known (only its abstract could be read); here 1 local "
+        "epoch a round for 60 rounds: whether 0.01 ran at the paper's step count cannot be "
+        "said.")
+    from fedtune_app.claims.entries import PaperSteps
+
+    monkeypatch.setitem(reg.PAPER_STEPS, "FedRA", PaperSteps(1, 60, "a paper of 60 rounds"))
+    assert claim_text.step_count_text(fedra, "mini").endswith(
+        "so 0.01 ran at the paper's step count.")
+    # the claim's line at the papers' 0.01 says it, with or without records
+    row = {"claim": hetero, "tier": "mini", "seeds": []}
+    assert claim_text.paper_rate_text(row) == (
+        "- At the papers' 0.01: no records yet (`fedtune claims run heterotune-pooled-t1-vs-homo "
+        "--tier mini --lr paper`). " + claim_text.step_count_text(hetero, "mini"))
+
+
 def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier, monkeypatch):
     """FedRA - AllSmall (differences 1, 3, 5) as FedRA - InclusiveFL (10, 9, 8) plus
     InclusiveFL - AllSmall (-9, -6, -3): seed by seed the parts add up, and each row's 95%

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -249,15 +250,55 @@ def by_round_text(row: dict) -> str:
             + ", ".join(f"round {r} {ci_text(ci)} {side}" for r, ci, side in reads) + f": {same}.")
 
 
+def _epochs(n: int) -> str:
+    return f"{n} local epoch{'s' * (n != 1)} a round"
+
+
+def run_length(tier: str, setting_id: str, arm: str) -> tuple[int, int]:
+    """(local epochs a round, rounds) of an arm's runs on a tier."""
+    from fedtune_app.claims.store import run_config
+    from fedtune_app.methods import resolve_config
+
+    keys = resolve_config(run_config(tier, setting_id, arm, 0)).flat
+    return keys["local-epochs"], keys["num-server-rounds"]
+
+
+def step_count_text(claim: Claim, tier: str) -> str:
+    """Whether the check at the papers' 0.01 ran at the paper's step count (``PAPER_STEPS``),
+    and if not, what share of the paper's local epochs it got."""
+    paper = reg.PAPER_STEPS.get(claim.paper)
+    here = sorted({run_length(tier, st, a) for _, st, a in claim.terms})
+    ours = "here " + " and ".join(f"{_epochs(e)} for {r} rounds" for e, r in here)
+    if paper is None or paper.local_epochs is None:
+        why = paper.source if paper else "nothing of it in the registry"
+        return (f"Step count: the paper's not known ({why}); {ours}: whether 0.01 ran at the "
+                "paper's step count cannot be said.")
+    stated = _epochs(paper.local_epochs) + (f" for {paper.rounds} rounds" if paper.rounds
+                                            else ", its rounds not stated")
+    # without the paper's rounds only a round's epochs compare
+    shares = sorted({Fraction(e * (r if paper.rounds else 1),
+                              paper.local_epochs * (paper.rounds or 1)) for e, r in here})
+    a_round = "" if paper.rounds else " a round"
+    if shares == [1]:
+        verdict = ("0.01 ran at the paper's step count" if paper.rounds else
+                   "0.01 ran at the paper's local epochs a round, over rounds it does not state")
+    else:
+        verdict = ("not the paper's step count: 0.01 gets " + " and ".join(map(str, shares))
+                   + f" of the paper's local epochs{a_round}")
+    return f"Step count: the paper {stated} ({paper.source}); {ours}, so {verdict}."
+
+
 def paper_rate_text(row: dict) -> str:
-    """A claim's line at the papers' 0.01 (every arm at it, the claim's own seeds)."""
+    """A claim's line at the papers' 0.01 (every arm at it, the claim's own seeds); on a tier
+    that tunes the rate, whether it ran at the paper's step count (``step_count_text``)."""
     c = row["claim"]
     rerun = f"`fedtune claims run {c.id} --tier {row['tier']} --lr paper`"
+    steps = f" {step_count_text(c, row['tier'])}" if row["tier"] in reg.LR_GRID else ""
     if not row["seeds"]:
-        return f"- At the papers' 0.01: no records yet ({rerun})."
+        return f"- At the papers' 0.01: no records yet ({rerun}).{steps}"
     arms = "; ".join(f"{arm} {ci_text(info['primary'])}" for arm, info in row["per_arm"].items())
     return (f"- At the papers' 0.01 for every arm ({len(row['seeds'])} of {row['need']} "
-            f"seeds; {rerun}): {arms}; difference {beside_text(row)}.")
+            f"seeds; {rerun}): {arms}; difference {beside_text(row)}.{steps}")
 
 
 def claim_section(row: dict, tier: str, choices: dict, at_paper_rate: dict | None = None

@@ -61,3 +61,13 @@ class Check:
     claims: tuple  # in the order they run
     seeds: int = 5
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class PaperSteps:
+    """What a paper states about its training length: local epochs a round and rounds (None:
+    not stated), and where it says so."""
+
+    local_epochs: int | None
+    rounds: int | None
+    source: str

@@ -28,7 +28,7 @@ screening off: the papers ran none.
 
 from __future__ import annotations
 
-from fedtune_app.claims.entries import Arm, Check, Claim, Setting
+from fedtune_app.claims.entries import Arm, Check, Claim, PaperSteps, Setting
 
 # --- the CPU tier: all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on BBC News ---
 # Sized so that one run of an uneven-capacity method takes minutes on one CPU thread: 180
@@ -140,6 +140,20 @@ ROBUSTNESS_RULE = ("robust when the verdict with every arm at the papers' 0.01 (
                    "check that names the claim, e.g. the papers' 100 rounds) is the same word "
                    "with a difference of the same sign; else sensitive to it")
 NOT_CHECKED = "backbone not checked"
+# what each paper states about its training length at its lr 0.01, by the claims' ``paper``. The
+# check at the papers' 0.01 runs the tier's own length (no new runs); the report says per claim
+# whether that is the paper's step count and, if not, the ratio. Counted in local epochs (passes
+# over a client's data): an epoch of the miniature's data is fewer SGD steps than the paper's
+PAPER_STEPS = {
+    "FedRA": PaperSteps(1, 100, "FedRA, Implementation Details (v1 and v2): 100 rounds, each "
+                        "client SGD at lr 0.01 for 1 epoch"),
+    "FedBRICK": PaperSteps(1, 100, "FedBRICK, Implementation Details: 100 federated rounds, one "
+                           "local epoch at lr 0.01 in both stages"),
+    "HeteroTune": PaperSteps(20, None, "HeteroTune Sec. 4, Implementation Details: SGD at lr "
+                             "0.01, batch 128, each client's local training rounds set to 20 "
+                             "(read as 20 local epochs)"),
+} | {paper: PaperSteps(None, None, "only its abstract could be read")
+     for paper in ("FLoRA", "FlexLoRA", "HetLoRA", "FedEx-LoRA")}
 
 
 # planned with the exploratory rule, from the 60-round results of seeds 0-9 and before any run
