@@ -252,8 +252,9 @@ def tuned_rates(tier: str, store: Path = STORE, pairs=None, widened: bool = Fals
         return [by_hash[h] for seed in reg.TUNING_SEEDS
                 if (h := hash_or_none(tier, setting, arm, seed, lr, tuning=True)) in by_hash]
 
+    ladder = reg.LR_LADDER.get(tier, ()) if widened else ()
     return {(setting, arm): _choice(lambda lr, s=setting, a=arm: runs_at(s, a, lr),
-                                    reg.LR_GRID[tier], reg.LR_LADDER.get(tier, ()) if widened else ())
+                                    reg.LR_GRID[tier], ladder)
             for setting, arm in pairs}
 
 

@@ -38,9 +38,10 @@ one-cycle schedule), seed 0. On one CPU core: about 16 minutes (vit12), 6 (vit12
 command is deterministic for a seed on one machine, not across CPUs; the file goes to
 ``~/.cache/fedtune``. The files the claims' confirmatory records load are committed in
 docs/claims/backbones/ (a few MB) and restored into the cache when a run finds its file missing,
-so a campaign resumed on another machine fine-tunes the same backbone. ``--probe-depths`` reports the linear probe of the features after the first k
-blocks (what a client holding k blocks starts from), on a validation part of the six styles'
-training digits: never their test set.
+so a campaign resumed on another machine fine-tunes the same backbone. ``--probe-depths``
+reports the linear probe of the features after the first k blocks (what a client holding k
+blocks starts from), on a validation part of the six styles' training digits: never their test
+set.
 """
 
 from __future__ import annotations
