@@ -21,6 +21,7 @@ from fedtune_app.claims.claim_text import (
     robustness_word,
     verdict_rows,
 )
+from fedtune_app.claims.per_model import per_model_section
 from fedtune_app.claims.planning import (
     load_records,
     plan_runs,
@@ -512,7 +513,8 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
     lines += (verdict_rows(rows, at_paper_rate, checks) + [""] + tier_summary(rows, records)
-              + decomposition_section(tier, records) + tier_cost(tier, records, store))
+              + decomposition_section(tier, records) + per_model_section(tier, records)
+              + tier_cost(tier, records, store))
     if choices:
         lines += rates_table(tier, choices, tuned_rates(tier, store, tier_pairs(claims)))
     if records:
