@@ -143,6 +143,9 @@ def main(argv=None) -> int:
     if args.command == "tune":
         if args.dry_run:
             print_dry_run(plan_tuning(args.ids, args.tier, arms), args.rerun_older)
+            print("rule v3 widens an arm whose choice sits at its grid's edge one rung at a "
+                  "time: a rung's runs are planned once the rung before it is in, so more may "
+                  "follow these")
             return 0
         setup_logging()
         choices = tune_claims(args.ids, args.tier, log=log, arms=arms, jobs=args.jobs,
