@@ -1016,6 +1016,39 @@ def test_rule_v3_widens_an_edge_choice_one_rung_at_a_time(tmp_path, monkeypatch,
         ("t-smoke", "all-large"): 1.0}
 
 
+def test_a_confirmatory_claim_waits_for_its_arms_widened_rates(tmp_path, monkeypatch,
+                                                                smoke_claim):
+    """While an arm's widened rate is not chosen, its claims wait (named, with the arm) and the
+    confirmatory campaign plans the others; once chosen, the claim runs at the widened rate."""
+    from fedtune_app.apps.results import write_json
+
+    monkeypatch.setitem(reg.LR_GRID, "smoke", (0.01, 0.1))
+    monkeypatch.setitem(reg.LR_LADDER, "smoke", (0.01, 0.1, 1.0))
+    monkeypatch.setitem(reg.CONFIRMATORY_SEEDS, "smoke", (200, 201))
+    monkeypatch.setattr(reg, "TUNING_KEYS", reg.TUNING_KEYS | {"validation-fraction": 0.2})
+    (tmp_path / "tuning" / "smoke").mkdir(parents=True)
+    value = {0.01: 50, 0.1: 60, 1.0: 10}  # every arm: 0.1 at the edge, then 1.0 diverges
+
+    def store(specs):
+        for spec in specs:
+            v = value[spec.keys["lr"]]
+            write_json(tmp_path / "tuning" / "smoke" / f"{spec.name}.json",
+                       {"hash": spec.hash, "final": v / 100,
+                        "curve": [{"round": r, "accuracy": v / 100} for r in (1, 2, 3)]})
+
+    store(planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path))
+    assert planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path, confirmatory=True) == []
+    [line] = planning.confirmatory_left_out([smoke_claim], "smoke", tmp_path)
+    # the claim's arms and its setting's gate arms
+    assert line == ("t-smoke-claim: waits for the widened rate of all-large in t-smoke, "
+                    "all-small in t-smoke, fedra in t-smoke (`fedtune claims tune`)")
+    store(planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path))  # the 1.0 rung
+    runs = planning.plan_runs([smoke_claim.id], "smoke", store=tmp_path, confirmatory=True)
+    assert {(s.arm, s.seed, s.keys["lr"]) for s in runs} == {
+        (a, seed, 0.1) for a in ("fedra", "all-small", "all-large") for seed in (200, 201)}
+    assert planning.confirmatory_left_out([smoke_claim], "smoke", tmp_path) == []
+
+
 def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeypatch,
                                                               smoke_claim):
     monkeypatch.setitem(reg.TIER_SEEDS, "smoke", 2)  # a tier with a fixed seed count: 6 runs

@@ -101,6 +101,8 @@ def plan_runs(patterns: list[str] = (), tier: str = "cpu", seeds: int | None = N
     if confirmatory:
         claims, numbers = confirmatory_claims(claims, tier), reg.CONFIRMATORY_SEEDS[tier]
     rates = arm_rates(tier, tier_pairs(claims), lr_mode, store, widened=confirmatory)
+    if confirmatory:  # a claim whose arms' widened rates are not all chosen waits; others run
+        claims = [c for c in claims if all(p in rates for p in claim_arms(c))]
     untuned = [p for p in tier_pairs(claims) if p not in rates and (not arms or p[1] in arms)]
     if untuned:
         raise SystemExit(f"claims: no learning rate chosen yet for {len(untuned)} arm(s) of tier "
@@ -148,16 +150,22 @@ def confirmatory_claims(claims: list[Claim], tier: str) -> list[Claim]:
     return [c for c in claims if not reg.cannot_show(c, tier) and not reg.confirmatory_waits(c)]
 
 
-def confirmatory_left_out(claims: list[Claim], tier: str) -> list[str]:
+def confirmatory_left_out(claims: list[Claim], tier: str, store: Path = STORE) -> list[str]:
     """The claims the confirmatory campaign leaves out, each with why."""
     out = []
+    rates = arm_rates(tier, tier_pairs(claims), store=store, widened=True)
     for c in claims:
+        untuned = [p for p in claim_arms(c) if p not in rates]
         if reg.cannot_show(c, tier):
             out.append(f"{c.id}: margin {c.margin:g} under the {tier} tier's smallest detectable "
                        f"margin {reg.SMALLEST_DETECTABLE_MARGIN[tier]:g} (this tier cannot "
                        "show it)")
         elif why := reg.confirmatory_waits(c):
             out.append(f"{c.id}: waits ({why})")
+        elif untuned:
+            out.append(f"{c.id}: waits for the widened rate of "
+                       + ", ".join(f"{arm} in {setting}" for setting, arm in untuned)
+                       + " (`fedtune claims tune`)")
     return out
 
 

@@ -405,7 +405,7 @@ def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
     lines += ["- One hypothesis each, counted once: " + "; ".join(
         f"`{c.id}` is `{c.same_as}` ({c.same_reason})" for c in same) + "." if same else "",
         "", "Left out of the confirmatory campaign: "
-        + "; ".join(confirmatory_left_out(claims, tier)) + ".", "",
+        + "; ".join(confirmatory_left_out(claims, tier, store)) + ".", "",
         "The papers' AllLarge - AllSmall, the denominator of the paper's side of the effect "
         "fraction: " + "; ".join(
             f"`{st.id}` {st.paper_large - st.paper_small:.2f} points ({st.paper_gap})"
