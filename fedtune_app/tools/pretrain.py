@@ -68,9 +68,9 @@ MODELS = {
                 "img_size=16,patch_size=4,in_chans=3,embed_dim=32,depth=12,num_heads=2"),
     "vit12-t": ("vit_tiny_patch16_224",
                 "img_size=16,patch_size=4,in_chans=3,embed_dim=16,depth=12,num_heads=1"),
-    # HeteroTune's four sizes in miniature (ViT-T/S/B/L's widths 192/384/768/1024 over 24, L
-    # rounded up to whole heads of 16; L keeps its 24 blocks): widths 8, 16 (vit12-t), 32
-    # (vit12-s) and 48
+    # HeteroTune's four sizes in miniature, first calibration (ViT-T/S/B/L's widths
+    # 192/384/768/1024 over 24, L rounded up to whole heads of 16; L keeps its 24 blocks):
+    # widths 8, 16 (vit12-t), 32 (vit12-s) and 48; recalibrated: 16, 24, 32 and 48
     "vit12-t8": ("vit_tiny_patch16_224",
                  "img_size=16,patch_size=4,in_chans=3,embed_dim=8,depth=12,num_heads=1"),
     "vit24-l": ("vit_tiny_patch16_224",
