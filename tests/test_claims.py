@@ -1672,3 +1672,14 @@ def test_the_registered_decomposition_adds_up_to_its_whole():
                 total[setting, arm] = total.get((setting, arm), 0.0) + coefficient
         assert {k: v for k, v in total.items() if v} == \
             {(st, a): c for c, st, a in reg.CLAIMS[whole].terms}
+
+
+def test_the_rates_table_says_how_far_the_backbone_files_move_a_tuning_run(tmp_path):
+    """The widened rungs ran on other stand-in files than the base grid: the report gives the
+    range of the measured shift, and nothing while none was measured."""
+    assert reporting.backbone_effect_text(tmp_path) == ""
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "backbone-effect.json").write_text(json.dumps({
+        "s a lr 0.1": {"here-minus-stored": -1.36}, "s b lr 0.1": {"here-minus-stored": 1.33}}))
+    text = reporting.backbone_effect_text(tmp_path)
+    assert "2 base-grid arms moved by -1.36 to +1.33 points" in text

@@ -469,10 +469,11 @@ HETERO_POOLED_SETUP = (
     "group's clients hold every class); sizes, local epochs and rounds recalibrated on "
     "validation on 2026-12-07 (docs/claims/calibration-mini.md): widths 16/24/32 and a "
     "24-block 48, 1 local epoch, 40 rounds, AllLarge - AllSmall 27.5 points on the "
-    "calibration seed (the aim: 15-25; 2 epochs gave 33.4). Table 1's comparators at their own papers' strength: "
-    "FedMD trains whole models (arm fedmd-whole), FedDF distils as its paper (arm feddf-paper: "
-    "Adam 1e-3, cosine, up to 10^4 steps, early stopping on 10% of the public set; the dearest "
-    "arm), pFedLoRA makes HeteroTune's one local pass a round (arm pfedlora-shared).")
+    "calibration seed (the aim: 15-25; 2 epochs gave 33.4). Table 1's comparators at their "
+    "own papers' strength: FedMD trains whole models (arm fedmd-whole), FedDF distils as its "
+    "paper (arm feddf-paper: Adam 1e-3, cosine, up to 10^4 steps, early stopping on 10% of the "
+    "public set; the dearest arm), pFedLoRA makes HeteroTune's one local pass a round (arm "
+    "pfedlora-shared).")
 
 # the pooled Table 1 comparators at their papers' strength: the base arm -> the arm it runs
 POOLED_COMPARATORS = {

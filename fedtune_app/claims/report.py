@@ -479,7 +479,22 @@ def decomposition_section(tier: str, records: dict) -> list[str]:
     return lines
 
 
-def rates_table(tier: str, widened: dict, exploratory: dict) -> list[str]:
+def backbone_effect_text(store: Path) -> str:
+    """How far this machine's stand-ins move a tuning run of the base grid
+    (``scripts/backbone_effect.py``), when measured: the share of a widened comparison that is
+    the backbone's, not the rate's."""
+    path = store / "tuning" / "backbone-effect.json"
+    if not path.exists():
+        return ""
+    shifts = {k: v["here-minus-stored"] for k, v in json.loads(path.read_text()).items()}
+    return (" The rungs beyond the base grid ran on the committed stand-ins "
+            "(docs/claims/backbones/), the base grid's records on the files of earlier machines: "
+            f"run again on the committed files, {len(shifts)} base-grid arms moved by "
+            f"{min(shifts.values()):+.2f} to {max(shifts.values()):+.2f} points "
+            "(`docs/claims/tuning/backbone-effect.json`, `scripts/backbone_effect.py`).")
+
+
+def rates_table(tier: str, widened: dict, exploratory: dict, store: Path) -> list[str]:
     """Each arm's validation means over its widened grid, its exploratory and confirmatory rate,
     and why a rate at its grid's edge stays there."""
     ladder = [x for x in reg.LR_LADDER[tier]
@@ -487,7 +502,8 @@ def rates_table(tier: str, widened: dict, exploratory: dict) -> list[str]:
     lines = [f"### Learning rates of tier `{tier}`", "",
              f"Exploratory seeds: {reg.LR_RULE}, over {_grid(tier)}. Confirmatory seeds "
              f"(rule v3, written {reg.LR_WIDENING_DATE}): {reg.LR_WIDENING_RULE}. Validation "
-             "means (points, tuning seeds in); `-`: not run; `...`: waits for its runs.", "",
+             "means (points, tuning seeds in); `-`: not run; `...`: waits for its runs."
+             + backbone_effect_text(store), "",
              "| setting | arm | exploratory lr | confirmatory lr | "
              + " | ".join(f"lr {x:g}" for x in ladder) + " | best validation round | edge |",
              "|---|---|---|---|" + "---|" * len(ladder) + "---|---|"]
@@ -516,7 +532,7 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
               + decomposition_section(tier, records) + per_model_section(tier, records)
               + tier_cost(tier, records, store))
     if choices:
-        lines += rates_table(tier, choices, tuned_rates(tier, store, tier_pairs(claims)))
+        lines += rates_table(tier, choices, tuned_rates(tier, store, tier_pairs(claims)), store)
     if records:
         lines += [f"### Settings of tier `{tier}`", ""]
         for st in SETTINGS:
