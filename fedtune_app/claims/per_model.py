@@ -25,7 +25,7 @@ def group_labels(tier: str, setting: str) -> list[str]:
     four sizes."""
     from fedtune_app.methods import resolve_config
 
-    groups = resolve_config(run_config(tier, setting, "homo", 0)).model.groups
+    groups = resolve_config(run_config(tier, setting, reg.HETERO_REFERENCE, 0)).model.groups
     names = PAPER_SIZES if len(groups) == len(PAPER_SIZES) else [""] * len(groups)
     labels = []
     for name, group in zip(names, groups):
@@ -64,7 +64,7 @@ def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
     table1 = {reg.POOLED_COMPARATORS.get(base, base): row
               for base, row in reg.HETERO_T1_CIFAR10.items()}
     paper_rank = {arm: i for i, arm in enumerate(table1, 1)}
-    paper_homo = table1["homo"][3]
+    paper_homo = table1[reg.HETERO_REFERENCE][3]
     paper_gap = st.paper_large - st.paper_small
     runs = {arm: [records[setting, arm, s] for s in seeds if (setting, arm, s) in records]
             for arm in [*table1, *MECHANISM]}
@@ -105,11 +105,11 @@ def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
             sizes = [ci_text(cs.t_interval(v)) if v else "-"
                      for v in ([p[g] for p in per_group if g in p] for g in range(len(labels)))]
             mean = ci_text(avg[arm])
-            versus = ((1.0, setting, arm), (-1.0, setting, "homo"))
+            versus = ((1.0, setting, arm), (-1.0, setting, reg.HETERO_REFERENCE))
             both = seeds_with(versus, records, seeds)
-            if both and arm != "homo":
+            if both and arm != reg.HETERO_REFERENCE:
                 effect = cs.t_interval(paired_differences(versus, records, both))
-        versus_homo = (["the reference"] * 2 if arm == "homo" else
+        versus_homo = (["the reference"] * 2 if arm == reg.HETERO_REFERENCE else
                        [ci_text(effect), ("-" if effect is None or not gap else
                                           f"{effect.mean / gap:+.2f}") + f" ({paper_fraction})"])
         rank = f"{ranked.index(arm) + 1 if arm in ranked else '-'} / {paper_rank.get(arm, '-')}"

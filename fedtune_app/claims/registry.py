@@ -475,6 +475,8 @@ HETERO_POOLED_SETUP = (
     "public set; the dearest arm), pFedLoRA makes HeteroTune's one local pass a round (arm "
     "pfedlora-shared).")
 
+# the arm HeteroTune's Tables 1 and 5 measure every effect against
+HETERO_REFERENCE = "homo"
 # the pooled Table 1 comparators at their papers' strength: the base arm -> the arm it runs
 POOLED_COMPARATORS = {
     "flexifed": "flexifed-overlap", "fedmd": "fedmd-whole", "feddf": "feddf-paper",
