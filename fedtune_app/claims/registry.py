@@ -102,8 +102,8 @@ LR_RULE = ("the rate with the highest mean primary metric (mean of the last thre
 LR_LADDER = {"mini": (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)}
 LR_WIDENING_DATE = "2026-12-07"
 LR_WIDENING_RULE = (
-    "the same rule over a grid widened arm by arm: while the chosen rate is the largest (smallest) the "
-    "arm has run, it also runs the next rung up (down) of the ladder "
+    "the same rule over a grid widened arm by arm: while the chosen rate is the largest "
+    "(smallest) the arm has run, it also runs the next rung up (down) of the ladder "
     + ", ".join(f"{x:g}" for x in LR_LADDER["mini"]) + " on the tuning seeds; the widening "
     "stops when the choice lies inside the arm's grid (a rung that diverged, its replies "
     "rejected as not finite, is named) or at the ladder's end (the edge's reason)")
