@@ -9,6 +9,7 @@ t(0.975, 2) = 0.95 / sqrt(0.04875) = 4.302653, t(0.8, 2) = 0.6 / sqrt(0.32) = 1.
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -1260,7 +1261,8 @@ def test_the_dry_run_lists_the_confirmatory_campaign(capsys, monkeypatch):
     assert "confirmatory campaign of tier mini (rule v3 of 2026-12-07): seeds 200-209" in out
     assert "left out: fedra-t5-half-eq3-similar: margin 1 under" in out
     # fedra-t1-vs-allsmall: AllLarge, AllSmall and FedRA on ten seeds
-    assert out.count("__seed20") == 30 and "30 of 30 runs to do" in out
+    # whatever of them the committed confirmatory records already hold
+    assert out.count("__seed20") == 30 and re.search(r"\d+ of 30 runs to do", out)
     assert "core-hours" in out
 
 
