@@ -1195,15 +1195,20 @@ def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():
 # ---------------------------------------------------------------- rule v3's declarations
 
 def test_rule_v3_is_dated_and_its_confirmatory_seeds_are_fresh():
-    """Rule v3 carries its date and reasons; its seeds are ten that no stored record (claims,
-    checks, tuning) used, and the exploratory records stay on seeds 0-9."""
+    """Rule v3 carries its date and reasons; its seeds are ten that no record made before it
+    (claims, checks, tuning) used: every record on them finished on or after its date, no
+    tuning record is on them, and the exploratory records stay on seeds 0-9."""
     assert reg.RULE_V3_DATE == "2026-12-07" and "after" in reg.RULE_V3_REASON
     assert [name for name, _ in reg.RULE_V3][:2] == ["seeds", "test-set error"]
     seeds = reg.CONFIRMATORY_SEEDS["mini"]
     assert seeds == tuple(range(200, 210))
-    used = {int(p.name.split("__seed")[1].split("_")[0]) for folder in ("runs", "tuning")
+    used = {p: int(p.name.split("__seed")[1].split("_")[0]) for folder in ("runs", "tuning")
             for p in (run_store.STORE / folder).rglob("*__seed*.json")}
-    assert used and not used & set(seeds)
+    on_them = [p for p, seed in used.items() if seed in seeds]
+    assert all(json.loads(p.read_text())["finished"] >= reg.RULE_V3_DATE for p in on_them)
+    assert not any("tuning" in p.parts for p in on_them)
+    assert {s for s in used.values() if s not in seeds} <= set(range(10)) | set(
+        reg.TUNING_SEEDS)
     assert not set(seeds) & ({100} | set(reg.TUNING_SEEDS))  # the calibration and tuning seeds
 
 
