@@ -1013,6 +1013,39 @@ def test_rule_v3_widens_an_edge_choice_one_rung_at_a_time(tmp_path, monkeypatch,
         ("t-smoke", "all-large"): 1.0}
 
 
+def test_tuning_runs_arm_by_arm_each_arms_rung_before_the_next_arm(tmp_path, monkeypatch,
+                                                                    smoke_claim):
+    """``tune_claims`` plans again after each arm: an arm's next rung runs before the next
+    arm's grid, so a campaign cut short leaves whole choices, not a grid of every arm."""
+    from fedtune_app.apps.results import write_json
+
+    monkeypatch.setitem(reg.LR_GRID, "smoke", (0.01, 0.1))
+    monkeypatch.setitem(reg.LR_LADDER, "smoke", (0.01, 0.1, 1.0))
+    monkeypatch.setattr(reg, "TUNING_KEYS", reg.TUNING_KEYS | {"validation-fraction": 0.2})
+    (tmp_path / "tuning" / "smoke").mkdir(parents=True)
+    value = {0.01: 60, 0.1: 70, 1.0: 20}  # every arm: 0.1 at the grid's top, then 1.0 falls
+    batches = []
+
+    def store_runs(specs, store, *rest):
+        batches.append({(s.arm, s.keys["lr"], s.seed) for s in specs})
+        for spec in specs:
+            v = value[spec.keys["lr"]]
+            write_json(store / "tuning" / "smoke" / f"{spec.name}.json",
+                       {"hash": spec.hash, "final": v / 100, "rejected-replies": 0,
+                        "curve": [{"round": r, "accuracy": v / 100} for r in (1, 2, 3)]})
+
+    monkeypatch.setattr(execution, "_run_specs", store_runs)
+    rates = execution.tune_claims([smoke_claim.id], "smoke", store=tmp_path,
+                                  results=tmp_path / "results", log=lambda *a: None)
+    arms = [a for _, a in planning.tier_pairs([smoke_claim])]
+    seeds = reg.TUNING_SEEDS
+    assert batches == [batch for arm in arms for batch in (
+        {(arm, lr, s) for lr in (0.01, 0.1) for s in seeds}, {(arm, 1.0, s) for s in seeds})]
+    assert all(c.lr == 0.1 and c.grid == (0.01, 0.1, 1.0) for c in rates.values())
+    assert json.loads((tmp_path / "tuning" / "smoke-rates.json").read_text())["rates"][
+        f"t-smoke {arms[0]}"]["lr"] == 0.1
+
+
 def test_a_confirmatory_claim_waits_for_its_arms_widened_rates(tmp_path, monkeypatch,
                                                                 smoke_claim):
     """While an arm's widened rate is not chosen, its claims wait (named, with the arm) and the

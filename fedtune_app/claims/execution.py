@@ -38,18 +38,26 @@ def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STOR
                 results: Path = RESULTS, log=print, arms: list[str] | None = None,
                 jobs: int = 1, rerun_older: bool = False) -> dict:
     """Run the tuning runs still missing (``jobs`` at a time; ``rerun_older``: and those made
-    by older code), then each arm's next rung while its choice sits at its grid's edge (rule
-    v3's widening, planned again after each batch); rewrite ``tuning/<tier>-rates.json`` after
-    each batch and return the widened choices of the claims asked for."""
+    by older code) one arm at a time, each arm's next rung while its choice sits at its grid's
+    edge (rule v3's widening) planned again after each arm, so that a campaign cut short leaves
+    whole choices; rewrite ``tuning/<tier>-rates.json`` after each arm and return the widened
+    choices of the claims asked for."""
     ran: set = set()
-    while True:
-        specs = plan_tuning(patterns, tier, arms, store)
-        if {s.hash for s in specs} <= ran:
-            break
-        ran |= {s.hash for s in specs}
-        _run_specs(specs, store, results, log, "tuning", jobs, rerun_older)
+    while batch := next_arm_batch(plan_tuning(patterns, tier, arms, store), ran):
+        ran |= {s.hash for s in batch}
+        _run_specs(batch, store, results, log, "tuning", jobs, rerun_older)
         write_rates(tier, store)
     return tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)), widened=True)
+
+
+def next_arm_batch(specs: list[RunSpec], ran: set) -> list[RunSpec]:
+    """The runs of ``specs`` (planned arm by arm) not in ``ran`` of the first arm that has any:
+    its grid, or its next rung once the grid is in."""
+    pending = [s for s in specs if s.hash not in ran]
+    if not pending:
+        return []
+    first = pending[0].setting, pending[0].arm
+    return [s for s in pending if (s.setting, s.arm) == first]
 
 
 def write_rates(tier: str, store: Path = STORE) -> None:
