@@ -18,6 +18,8 @@ is meaningless): for a machine that has the configs and tokenizers but not the w
 
     python benchmarks/bench_claims_cost.py --tier gpu 'fedra-t1-*' --random-weights
     python benchmarks/bench_claims_cost.py --tier cpu 'fedra-t1-vs-allsmall' --limit 300
+    python benchmarks/bench_claims_cost.py --tier mini heterotune-pooled-t1-vs-feddf \
+        --arms feddf-paper --lr paper
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def main() -> None:
     parser.add_argument("--arms", default="", help="only these arms (labels, comma-separated)")
     parser.add_argument("--local-epochs", type=int, default=0,
                         help="measure at most this many local epochs and scale (0 = the arm's)")
+    parser.add_argument("--lr", choices=("tuned", "paper"), default="tuned",
+                        help="each arm's tuned rate, or the papers' 0.01 for arms not tuned yet "
+                        "(a round's cost hardly depends on the rate)")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--limit", type=float, default=600, help="seconds per measured run")
     parser.add_argument("--name", default="", help="results file name (default "
@@ -88,7 +93,7 @@ def main() -> None:
     from fedtune_app.claims.planning import plan_runs
 
     arms = [a for a in args.arms.split(",") if a]
-    specs = plan_runs(args.claims, args.tier, args.seeds, arms=arms or None)
+    specs = plan_runs(args.claims, args.tier, args.seeds, arms=arms or None, lr_mode=args.lr)
     runs_per_pair = Counter((s.setting, s.arm) for s in specs)
     seed0 = [s for s in specs if s.seed == 0]
     if arms:  # measured in the order given (the first ones matter most under a time limit)
