@@ -36,6 +36,7 @@ from collections import Counter
 import torch
 
 from common import ROOT, save, table
+from fedtune_app.claims.store import LR_MODES
 
 ROUNDS = 3
 
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("--arms", default="", help="only these arms (labels, comma-separated)")
     parser.add_argument("--local-epochs", type=int, default=0,
                         help="measure at most this many local epochs and scale (0 = the arm's)")
-    parser.add_argument("--lr", choices=("tuned", "paper"), default="tuned",
+    parser.add_argument("--lr", choices=LR_MODES, default="tuned",
                         help="each arm's tuned rate, or the papers' 0.01 for arms not tuned yet "
                         "(a round's cost hardly depends on the rate)")
     parser.add_argument("--random-weights", action="store_true")

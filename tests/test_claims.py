@@ -1044,6 +1044,10 @@ def test_tuning_runs_arm_by_arm_each_arms_rung_before_the_next_arm(tmp_path, mon
     assert all(c.lr == 0.1 and c.grid == (0.01, 0.1, 1.0) for c in rates.values())
     assert json.loads((tmp_path / "tuning" / "smoke-rates.json").read_text())["rates"][
         f"t-smoke {arms[0]}"]["lr"] == 0.1
+    # every arm stored: a second tuning passes them all over and runs nothing
+    execution.tune_claims([smoke_claim.id], "smoke", store=tmp_path,
+                          results=tmp_path / "results", log=lambda *a: None)
+    assert len(batches) == 2 * len(arms)
 
 
 def test_a_confirmatory_claim_waits_for_its_arms_widened_rates(tmp_path, monkeypatch,
@@ -1286,7 +1290,8 @@ def test_the_confirmatory_campaign_runs_the_readmes_findings_first_on_its_seeds(
         ("fedra-uneven", "fedra", 200)]
     # a claim runs only once every arm of it has its rate: each planned run is at its arm's
     # choice (the pooled settings' arms join as their tuning comes in)
-    rates = planning.tuned_rates("mini", pairs={(s.setting, s.arm) for s in specs})
+    rates = planning.tuned_rates("mini", pairs={(s.setting, s.arm) for s in specs},
+                                 widened=True)
     assert all(rates[s.setting, s.arm].lr is not None
                and s.keys["lr"] == rates[s.setting, s.arm].lr for s in specs)
     # 'fedra-eq3' runs only for the claims this tier cannot show

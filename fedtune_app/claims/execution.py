@@ -43,17 +43,22 @@ def tune_claims(patterns: list[str] = (), tier: str = "mini", store: Path = STOR
     whole choices; rewrite ``tuning/<tier>-rates.json`` after each arm and return the widened
     choices of the claims asked for."""
     ran: set = set()
-    while batch := next_arm_batch(plan_tuning(patterns, tier, arms, store), ran):
+    while batch := next_arm_batch(plan_tuning(patterns, tier, arms, store), ran, store,
+                                  rerun_older):
         ran |= {s.hash for s in batch}
         _run_specs(batch, store, results, log, "tuning", jobs, rerun_older)
         write_rates(tier, store)
     return tuned_rates(tier, store, tier_pairs(match_claims(list(patterns), tier)), widened=True)
 
 
-def next_arm_batch(specs: list[RunSpec], ran: set) -> list[RunSpec]:
-    """The runs of ``specs`` (planned arm by arm) not in ``ran`` of the first arm that has any:
-    its grid, or its next rung once the grid is in."""
-    pending = [s for s in specs if s.hash not in ran]
+def next_arm_batch(specs: list[RunSpec], ran: set, store: Path = STORE,
+                   rerun_older: bool = False) -> list[RunSpec]:
+    """The runs of ``specs`` (planned arm by arm) not in ``ran`` of the first arm that has any
+    to run: its grid, or its next rung once the grid is in. An arm whose runs are all stored is
+    passed over (unless ``rerun_older``: ``_run_specs`` decides which of them are older), so
+    that a tuning with most arms done does not plan again once per done arm."""
+    pending = [s for s in specs if s.hash not in ran
+               and (rerun_older or not stored_paths(s, store))]
     if not pending:
         return []
     first = pending[0].setting, pending[0].arm
