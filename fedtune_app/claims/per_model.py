@@ -75,17 +75,17 @@ def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
         if gap_seeds else None
     labels = group_labels(tier, setting)
     lines = [f"### `{setting}` model size by model size, beside the paper's Table 1", "",
-             f"Each arm's primary metric (points, mean ± 95% half-width over the seeds in of "
-             f"{seeds[0]}-{seeds[-1]}: Student t over the seeds alone) for each model group, "
-             "smallest first (depth x width from the setting's preset), and their average (the "
-             "headline; HeteroTune's Avg); a one-model arm (AllLarge, AllSmall) under its one "
-             "size. Beside it the paper's Table 1 CIFAR-10 row: smallest (ViT-T), largest "
+             "Each arm's primary metric (points, mean ± 95% half-width over the seeds with a "
+             f"record, of {seeds[0]}-{seeds[-1]}: Student t over the seeds alone) for each "
+             "model group, smallest first (depth x width from the setting's preset), and their "
+             "average (the headline; HeteroTune's Avg); a one-model arm (AllLarge, AllSmall) under "
+             "its one size. Beside it the paper's Table 1 CIFAR-10 row: smallest (ViT-T), largest "
              "(ViT-L) and Avg; the paper prints no ViT-S or ViT-B column, and for AllLarge and "
-             "AllSmall only Avg. Rows in the paper's ranking by Avg, each comparator as the "
-             "claims run it, then the arms that take the mechanism apart (Table 4's ablations "
-             "beside Table 4's Avg). Rank: by Avg among the Table 1 arms with records, here / "
-             "in the paper. vs Homo: the paired difference in Avg (95%, seeds alone), then it "
-             "over the setting's AllLarge - AllSmall ("
+             "AllSmall only Avg. Rows in the paper's ranking by Avg, each comparator as the claims "
+             "run it, then the arms that take the mechanism apart (Table 4's ablations beside Table"
+             " 4's Avg). Rank: by Avg among the Table 1 arms with records, here / in the paper. vs "
+             "Homo: the paired difference in Avg (95%, seeds alone), then it over the setting's "
+             "AllLarge - AllSmall ("
              + (f"{gap:.2f} points over {len(gap_seeds)} seeds" if gap is not None
                 else "no common seed yet")
              + f") beside the paper's over its own ({st.paper_large:.2f} - "
