@@ -1067,7 +1067,8 @@ def test_a_confirmatory_claim_waits_for_its_arms_widened_rates(tmp_path, monkeyp
         for spec in specs:
             v = value[spec.keys["lr"]]
             write_json(tmp_path / "tuning" / "smoke" / f"{spec.name}.json",
-                       {"hash": spec.hash, "final": v / 100,
+                       {"hash": spec.hash, "final": v / 100, "seconds": 360.0,
+                        "setting": spec.setting, "arm": spec.arm,
                         "curve": [{"round": r, "accuracy": v / 100} for r in (1, 2, 3)]})
 
     store(planning.plan_tuning([smoke_claim.id], "smoke", store=tmp_path))
@@ -1081,6 +1082,11 @@ def test_a_confirmatory_claim_waits_for_its_arms_widened_rates(tmp_path, monkeyp
     assert {(s.arm, s.seed, s.keys["lr"]) for s in runs} == {
         (a, seed, 0.1) for a in ("fedra", "all-small", "all-large") for seed in (200, 201)}
     assert planning.confirmatory_left_out([smoke_claim], "smoke", tmp_path) == []
+    # the report prices them: six runs at their arm's 360 s of tuning = 0.6 core-hours
+    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    assert reporting.confirmatory_cost("smoke", tmp_path).startswith(
+        " The confirmatory campaign (seeds 200-201, the claims whose arms have their rates): "
+        "0 of 6 runs in, the rest about 0.6 core-hours (`fedtune claims run --tier smoke")
 
 
 def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeypatch,
@@ -1104,9 +1110,10 @@ def test_tier_cost_counts_shared_runs_once_and_prices_the_rest(tmp_path, monkeyp
     # seed 1 of each arm at its mean: fedra (4500 + 2700) / 2 (its tuning run too), the others
     # their one run
     todo = ((4500 + 2700) / 2 + 7200 + 1440) / 3600
-    assert text == (f"Cost: the 3 claim runs in took {spent:.1f} core-hours; the 3 still to do, "
-                    f"about {todo:.1f} more at the stored seconds of the same arm; target: all "
-                    f"of them in about 12 core-hours. The tuning runs so far: 0.8 core-hours.")
+    assert text == (f"Cost (seeds 0-9): the 3 claim runs in took {spent:.1f} core-hours; the 3 "
+                    f"still to do, about {todo:.1f} more at the stored seconds of the same "
+                    "arm; target: all of them in about 12 core-hours. The tuning runs so far: "
+                    "0.8 core-hours.")
     assert reporting.tier_cost("cpu", records, tmp_path) == []  # no fixed seed count, no budget
 
 
@@ -1611,7 +1618,8 @@ def test_the_headline_is_rule_v3s_once_a_claim_has_its_confirmatory_seeds(
     same = Claim("t-a2", "FedRA", "Table 1", "FedRA beats InclusiveFL (again)",
                  reg.CLAIMS["t-a"].terms, "greater", 0.0, "", 9.0, same_as="t-a")
     monkeypatch.setattr(reg, "CLAIMS", reg.CLAIMS | {"t-a2": same})
-    monkeypatch.setattr(reporting, "confirmatory_line", lambda tier, store: "(where it stands)")
+    monkeypatch.setattr(reporting, "confirmatory_line",
+                        lambda tier, store, claims_in=0: "(where it stands)")
     exploratory = verdicts.evaluate("t", records=hand_tier)
     out = tmp_path / "claims.md"
     before = reporting.forest_section("t", tmp_path, out, exploratory, None, {})
@@ -1702,8 +1710,8 @@ def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier
     monkeypatch.setattr(reg, "DECOMPOSITIONS", {"t-b": (("first", "t-a"), ("second", "t-c"))})
     lines = reporting.decomposition_section("t", hand_tier)
     assert lines[:2] == ["### `t-b` in parts", ""]
-    assert lines[2] == ("FedRA beats AllSmall, taken apart on the seeds every arm has (3 of 10);"
-                        " the paper's difference is +2.00 points.")
+    assert lines[2] == ("FedRA beats AllSmall, taken apart on the seeds every arm has (3 of 10:"
+                        " 0-9); the paper's difference is +2.00 points.")
     assert lines[6:9] == ["| the whole | `t-b` | +3.00 (-1.97 to +7.97) |",
                           "| first | `t-a` | +9.00 (+6.52 to +11.48) |",
                           "| second | `t-c` | -6.00 (-13.45 to +1.45) |"]
@@ -1711,6 +1719,40 @@ def test_a_claim_taken_apart_shows_its_parts_beside_it_on_common_seeds(hand_tier
     fewer = {k: v for k, v in hand_tier.items() if k[2] == 0}
     assert reporting.decomposition_section("t", fewer)[-2].endswith(
         "| not yet: fewer than 2 seeds that every arm has |")
+
+
+def test_a_tier_with_confirmatory_seeds_takes_its_claims_apart_on_them(v3_tier, monkeypatch):
+    """The decomposition reads the confirmatory seeds at their widened rates (where the claims
+    it serves run), not the exploratory records the tier's other tables read: the hand
+    numbers of the test above, moved to seeds 200-202, come out the same."""
+    c = Claim("t-c", "FedRA", "Table 1", "InclusiveFL beats AllSmall",
+              ((1.0, "t-hand", "inclusivefl"), (-1.0, "t-hand", "all-small")), "greater", 0.0,
+              "", None)
+    monkeypatch.setattr(reg, "CLAIMS", reg.CLAIMS | {"t-c": c})
+    monkeypatch.setattr(reg, "DECOMPOSITIONS", {"t-b": (("first", "t-a"), ("second", "t-c"))})
+    asked = []
+
+    def load(tier, store, seeds, widened):
+        asked.append((tier, tuple(seeds), widened))
+        return v3_tier
+
+    monkeypatch.setattr(reporting, "load_records", load)
+    lines = reporting.mechanism_sections("t", Path("unused"), records={})
+    assert asked == [("t", (200, 201, 202), True)]
+    assert lines[2] == ("FedRA beats AllSmall, taken apart on the confirmatory seeds every arm "
+                        "has (3 of 3: 200-202); the paper's difference is +2.00 points.")
+    assert lines[6] == "| the whole | `t-b` | +3.00 (-1.97 to +7.97) |"
+
+
+def test_the_confirmatory_line_tells_complete_seeds_from_complete_claims(monkeypatch):
+    """No seed has every run of the campaign, yet two hypotheses have all ten seeds: the line
+    says both and does not call the headline's counts unconfirmed."""
+    monkeypatch.setattr(reporting, "confirmatory_seeds_in", lambda tier, store: 0)
+    line = reporting.confirmatory_line("mini", Path("unused"), claims_in=2)
+    assert line.startswith("**Confirmatory: 0 of 10 seeds complete**")
+    assert "2 hypotheses have all their confirmatory seeds" in line
+    assert "no count above is confirmatory" not in line
+    assert "no count above is confirmatory" in reporting.confirmatory_line("mini", Path("x"))
 
 
 def test_the_registered_decomposition_adds_up_to_its_whole():

@@ -365,18 +365,23 @@ def confirmatory_seeds_in(tier: str, store: Path) -> int:
                for seed in reg.CONFIRMATORY_SEEDS[tier])
 
 
-def confirmatory_line(tier: str, store: Path) -> str:
-    """Where the confirmatory campaign stands, in the words the headline counts need."""
+def confirmatory_line(tier: str, store: Path, claims_in: int = 0) -> str:
+    """Where the confirmatory campaign stands, in the words the headline counts need
+    (``claims_in``: how many hypotheses have every confirmatory seed)."""
     if tier not in reg.CONFIRMATORY_SEEDS:
         return ""
     seeds = reg.CONFIRMATORY_SEEDS[tier]
     try:
         done = confirmatory_seeds_in(tier, store)
-    except SystemExit:  # an arm not tuned yet: no confirmatory run can exist
+    except SystemExit:  # an arm not tuned yet: its confirmatory runs cannot exist
         done = 0
-    return (f"**Confirmatory: {done} of {len(seeds)} seeds** (rule v3 of {reg.RULE_V3_DATE} "
-            f"judges seeds {seeds[0]}-{seeds[-1]}"
-            + ("; none run yet, so no count above is confirmatory)." if not done else ")."))
+    return (f"**Confirmatory: {done} of {len(seeds)} seeds complete** (every run of the "
+            f"campaign in on that seed; rule v3 of {reg.RULE_V3_DATE} judges seeds "
+            f"{seeds[0]}-{seeds[-1]}; "
+            + (f"{claims_in} hypotheses have all their confirmatory seeds, the confirmatory "
+               "table gives each one's count)." if claims_in else
+               "no hypothesis has all its confirmatory seeds yet, so no count above is "
+               "confirmatory)."))
 
 
 def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
@@ -390,7 +395,9 @@ def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
     lines = [f"## Rule v3: the rule that judges the confirmatory seeds of tier `{tier}`", "",
              f"Written on {reg.RULE_V3_DATE}, before any run of the confirmatory seeds "
              f"(`RULE_V3` in the registry; git history shows it older than every record of "
-             f"them). Why: {reg.RULE_V3_REASON} " + confirmatory_line(tier, store)
+             f"them). Why: {reg.RULE_V3_REASON} "
+             + confirmatory_line(tier, store, sum(r["tested"] for r in v3_rows
+                                                  if not r["claim"].same_as))
              + " The exploratory seeds below are judged by the earlier rule, in its words; "
              "rule v3 is not applied to them here.", ""]
     lines += [f"{i}. **{name}**: {text}." for i, (name, text) in enumerate(reg.RULE_V3, 1)]
@@ -448,31 +455,33 @@ def confirmatory_table(tier: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def decomposition_section(tier: str, records: dict) -> list[str]:
-    """Each claim of ``reg.DECOMPOSITIONS`` beside its parts, on the seeds all of them have:
-    the parts' paired differences add up to the whole's seed by seed, each with its interval
-    (seeds and test set, closed form: rule v3's ``interval_v3``)."""
+def decomposition_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
+                          which: str = "") -> list[str]:
+    """Each claim of ``reg.DECOMPOSITIONS`` beside its parts, on the seeds (of ``seeds``) all
+    of them have: the parts' paired differences add up to the whole's seed by seed, each with
+    its interval (seeds and test set, closed form: rule v3's ``interval_v3``). ``which``
+    names the seeds in the text, e.g. "confirmatory"."""
     from fedtune_app.claims.verdicts_v3 import interval_v3
 
-    lines = []
+    seeds, lines = list(seeds), []
     for whole_id, parts in reg.DECOMPOSITIONS.items():
         whole = reg.CLAIMS[whole_id]
         if tier not in tiers_of(whole):
             continue
         claims = [("the whole", whole)] + [(label, reg.CLAIMS[i]) for label, i in parts]
         terms = tuple(t for _, c in claims for t in c.terms)
-        seeds = seeds_with(terms, records, range(MAX_SEEDS))
+        common = seeds_with(terms, records, seeds)
         lines += [f"### `{whole_id}` in parts", "",
-                  f"{whole.sentence}, taken apart on the seeds every arm has ({len(seeds)} of "
-                  f"{MAX_SEEDS}); the paper's difference is {whole.paper_difference:+.2f} points.",
-                  "",
+                  f"{whole.sentence}, taken apart on the {which + ' ' if which else ''}seeds "
+                  f"every arm has ({len(common)} of {len(seeds)}: {seeds[0]}-{seeds[-1]}); the "
+                  f"paper's difference is {whole.paper_difference:+.2f} points.", "",
                   "| part | claim | difference (points, 95%: seeds and test set) |",
                   "| --- | --- | --- |"]
         for label, c in claims:
-            if len(seeds) < 2:
+            if len(common) < 2:
                 cell = "not yet: fewer than 2 seeds that every arm has"
             else:
-                iv = interval_v3(c.terms, tier, records, seeds, 0.95)[0]
+                iv = interval_v3(c.terms, tier, records, common, 0.95)[0]
                 cell = f"{iv.mean:+.2f} ({iv.low:+.2f} to {iv.high:+.2f})"
             lines.append(f"| {label} | `{c.id}` | {cell} |")
         lines.append("")
@@ -519,6 +528,17 @@ def rates_table(tier: str, widened: dict, exploratory: dict, store: Path) -> lis
     return lines + [""]
 
 
+def mechanism_sections(tier: str, store: Path, records: dict) -> list[str]:
+    """The decompositions and the per-model table, on the confirmatory seeds at their widened
+    rates where the tier has them (the claims they serve run there), else on ``records``."""
+    if tier not in reg.CONFIRMATORY_SEEDS:
+        return decomposition_section(tier, records) + per_model_section(tier, records)
+    seeds = reg.CONFIRMATORY_SEEDS[tier]
+    confirmatory = load_records(tier, store, seeds=seeds, widened=True)
+    return (decomposition_section(tier, confirmatory, seeds, "confirmatory")
+            + per_model_section(tier, confirmatory, seeds))
+
+
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
                  at_paper_rate: dict | None, checks: dict) -> list[str]:
     claims = [r["claim"] for r in rows]
@@ -529,8 +549,7 @@ def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[di
         lines += [f"No records yet: every claim reads \"{cs.NOT_RUN}\". Command: "
                   f"`{_continue(tier)}`.", ""]
     lines += (verdict_rows(rows, at_paper_rate, checks) + [""] + tier_summary(rows, records)
-              + decomposition_section(tier, records) + per_model_section(tier, records)
-              + tier_cost(tier, records, store))
+              + mechanism_sections(tier, store, records) + tier_cost(tier, records, store))
     if choices:
         lines += rates_table(tier, choices, tuned_rates(tier, store, tier_pairs(claims)), store)
     if records:
@@ -629,12 +648,34 @@ def tier_cost(tier: str, records: dict, store: Path = STORE) -> list[str]:
     known, unknown = cost_to_do(todo, store)
     tuning = sum(run_cost(json.loads(p.read_text()))
                  for p in (store / "tuning" / tier).glob("*.json"))
-    return [f"Cost: the {len(spent)} claim runs in took {sum(spent.values()) / 3600:.1f} "
-            f"core-hours; the {len(todo)} still to do, about {known / 3600:.1f} more at the "
-            "stored seconds of the same arm"
+    seeds = "exploratory seeds" if tier in reg.CONFIRMATORY_SEEDS else "seeds"
+    return [f"Cost ({seeds} 0-{MAX_SEEDS - 1}): the {len(spent)} claim runs in took "
+            f"{sum(spent.values()) / 3600:.1f} core-hours; the {len(todo)} still to do, about "
+            f"{known / 3600:.1f} more at the stored seconds of the same arm"
             + (f" ({unknown} runs of arms with no stored run not counted)" if unknown else "")
             + f"; target: all of them in about {TIER_HOURS_TARGET} core-hours. The tuning runs "
-            f"so far: {tuning / 3600:.1f} core-hours.", ""]
+            f"so far: {tuning / 3600:.1f} core-hours." + confirmatory_cost(tier, store), ""]
+
+
+def confirmatory_cost(tier: str, store: Path) -> str:
+    """Where rule v3's campaign stands in runs and core-hours (its claims whose arms have their
+    rates; the others join it once tuned)."""
+    if tier not in reg.CONFIRMATORY_SEEDS:
+        return ""
+    try:
+        plan = plan_runs([], tier, store=store, confirmatory=True)
+    except SystemExit:  # no arm tuned yet
+        return ""
+    done = records_by_hash(store / "runs" / tier)
+    todo = [s for s in plan if s.hash not in done]
+    known, unknown = cost_to_do(todo, store)
+    seeds = reg.CONFIRMATORY_SEEDS[tier]
+    return (f" The confirmatory campaign (seeds {seeds[0]}-{seeds[-1]}, the claims whose arms "
+            f"have their rates): {len(plan) - len(todo)} of {len(plan)} runs in, the rest about "
+            f"{known / 3600:.1f} core-hours"
+            + (f" ({unknown} runs of arms with no stored run not counted)" if unknown else "")
+            + f" (`fedtune claims run --tier {tier} --dry-run`; at the papers' 0.01: "
+            "`--lr paper --dry-run`).")
 
 
 def update_readme(readme: Path, forest: list[str]) -> None:
