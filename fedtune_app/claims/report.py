@@ -99,15 +99,17 @@ TIER_TEXT = {
             "styles, 20 clients, four sizes including a 24-block model). "
             f"{reg.TIER_SEEDS['mini']} paired seeds per claim. Each arm's rate is chosen once per "
             "setting on the validation split carved from the training pool "
-            f"(`evaluation-split = \"validation\"`) from {{{_grid('mini')}}} on seeds "
-            f"{', '.join(map(str, reg.TUNING_SEEDS))} (no claim uses them): {reg.LR_RULE}. "
+            f"(`evaluation-split = \"validation\"`) on seeds "
+            f"{', '.join(map(str, reg.TUNING_SEEDS))} (no claim uses them): for the exploratory "
+            f"seeds from {{{_grid('mini')}}}, {reg.LR_RULE}; for the confirmatory seeds from "
+            "that grid widened until no choice sits at its edge (the table Learning rates). "
             "Calibration on the validation split (seed 100; [calibration-mini.md]"
             "(claims/calibration-mini.md)): AllLarge - AllSmall 41.1 points after 60 rounds "
             "(depth; AllLarge flat on that seed, AllSmall still rising 1.5 points over its last "
-            "20% of rounds) and 24.0 after 30 (widths; not flat); the gate judges convergence "
-            "again over the claims' seeds. Each arm's gain over the last 20% of rounds is "
-            "shown as a description; what decides whether a verdict stands is the claim's "
-            "difference, not an arm's curve (the verdict rule below).",
+            "20% of rounds) and 24.0 after 30 (widths; not flat); the claims' own seeds decide "
+            "whether a setting discriminates (the gate). Each arm's gain over the last 20% of "
+            "rounds is shown as a description; what decides whether a verdict stands is the "
+            "claim's difference, not an arm's curve (the verdict rule below).",
     "cpu": "Label skew, a setting the papers did not run (they ran feature skew: every client "
            "holds every class). all-MiniLM-L6-v2 (6 blocks x 384, real pretrained weights) on "
            f"BBC News: {CPU_BASE['train-subset']} training articles (stratified subset of the "
@@ -295,6 +297,15 @@ def tier_rows(tier: str, store: Path) -> tuple[dict, list[dict], dict | None, di
     return records, rows, at_paper_rate, checks
 
 
+def later_text(rows: list[dict]) -> str:
+    """How many of the claims without records were registered after the exploratory campaign
+    (they run on the confirmatory seeds only)."""
+    later = sum(r["claim"].id in reg.AFTER_EXPLORATORY and r["verdict"].verdict == cs.NOT_RUN
+                for r in rows)
+    return (f" ({later} of those without records registered after this campaign: they run on "
+            "the confirmatory seeds only)" if later else "")
+
+
 def verdict_counts(rows: list[dict]) -> str:
     """How many claims read each verdict, e.g. '8 inconclusive, 12 refuted'."""
     counts = Counter(row["verdict"].verdict for row in rows)
@@ -320,10 +331,10 @@ def forest_section(tier: str, store: Path, out: Path, rows: list[dict],
     exploratory = (f"Tier `{tier}`, **exploratory** (seeds 0-{last_seed}, judged by the rule of "
                    f"{reg.VERDICT_RULE_DATE}, written after most of their runs "
                    f"had been seen), {len(rows)} claims: "
-                   + verdict_counts(rows) + f"; {sensitive} of them sensitive to the learning "
-                   "rate (the papers' 0.01 against the tuned rates) or, where checked, to the "
-                   "papers' 100 rounds, by the exploratory rule's words; another backbone not "
-                   "checked yet. ")
+                   + verdict_counts(rows) + later_text(rows) + f"; {sensitive} of them "
+                   "sensitive to the learning rate (the papers' 0.01 against the tuned rates) "
+                   "or, where checked, to the papers' 100 rounds, by the exploratory rule's "
+                   "words; another backbone not checked yet. ")
     if not any(r["tested"] for r in v3_rows or ()):
         return [f"![{tier} verdicts]({figure})", "", exploratory
                 + confirmatory_line(tier, store) + " Each claim's numbers: the table and "
@@ -405,9 +416,11 @@ def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
               f"{reg.PLANNED_DETECTABLE[tier]:g} points (the gate's bound), smallest detectable "
               f"equivalence margin {reg.SMALLEST_DETECTABLE_MARGIN[tier]:g}, robustness band "
               f"+-{reg.ROBUST_BAND[tier]:g}.", "", "Families, declared with their members:", ""]
+    checks = {f"{tier}: {c.id}": c for c in reg.CHECKS.values()}
     for name, members in reg.v3_families(tier).items():
         lines.append(f"- `{name}` ({len(members)} hypotheses): "
-                     + ", ".join(f"`{m}`" for m in members) + ".")
+                     + ", ".join(f"`{m}`" for m in members) + "."
+                     + (check_seeds_text(checks[name], tier) if name in checks else ""))
     same = [c for c in claims if c.same_as]
     lines += ["- One hypothesis each, counted once: " + "; ".join(
         f"`{c.id}` is `{c.same_as}` ({c.same_reason})" for c in same) + "." if same else "",
@@ -422,6 +435,14 @@ def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
         "", f"The campaign: `fedtune claims run --tier {tier} --dry-run` lists its runs and "
         "core-hours (after `fedtune claims tune`, whose rates it runs at).", ""]
     return lines + confirmatory_table(tier, v3_rows)
+
+
+def check_seeds_text(check, tier: str) -> str:
+    """A robustness check runs on its own seeds 0..seeds-1, which are exploratory on a tier
+    with confirmatory seeds: said beside its family, which no confirmatory run serves yet."""
+    return (f" Its runs (`fedtune claims run --tier {tier} --check {check.id}`) are on its own "
+            f"seeds 0-{check.seeds - 1}, exploratory seeds planned with the exploratory rule: "
+            "no confirmatory run serves this family, and its words stay exploratory.")
 
 
 def confirmatory_table(tier: str, rows: list[dict]) -> list[str]:
@@ -616,7 +637,9 @@ def tier_summary(rows: list[dict], records: dict) -> list[str]:
     means = sorted(((float(np.mean(v)), k) for k, v in per_arm.items()), reverse=True)
     # the cost targets are the tiers' with a fixed seed count (mini), built to meet them
     targets = bool(rows) and rows[0]["tier"] in reg.TIER_SEEDS
-    text = "Campaign: " + verdict_counts(rows) + ". "
+    tier = rows[0]["tier"] if rows else ""
+    text = ((f"Exploratory campaign (seeds 0-{MAX_SEEDS - 1}): " if tier in reg.CONFIRMATORY_SEEDS
+             else "Campaign: ") + verdict_counts(rows) + ". ")
     if done:
         text += (f"Median detectable difference over the {len(done)} claims with every seed "
                  f"in: {float(np.median(done)):.2f} points"
