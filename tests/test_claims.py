@@ -1227,8 +1227,16 @@ def test_a_claims_record_counts_the_client_rounds_each_engine_trained(tmp_path):
 
 
 def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():
-    settings = {st["id"]: st for st in cli.list_settings("mini")}
+    listed = cli.list_settings("mini")
+    settings = {st["id"]: st for st in listed if st["which"] == "exploratory"}
     assert set(settings) == {s.id for s in reg.SETTINGS.values() if "mini" in s.tiers}
+    # each beside its rule-v3 gate on the confirmatory seeds: the pooled setting's AllLarge -
+    # AllSmall over its ten, with its interval's lower end against the planned 2.56
+    pooled = next(st for st in listed if st["id"] == "heterotune-pooled"
+                  and st["which"] == "confirmatory")
+    assert pooled["seeds"] == list(range(200, 210))
+    assert pooled["status"] == ("passes" if pooled["gap"].low > 2.56 else "FAILS") + \
+        " rule v3's gate (lower end above 2.56)"
     # FedIT rank 8 - rank 2 over the ten committed seeds (docs/claims/calibration-mini.md)
     rank = settings["rank-mixed"]
     assert rank["seeds"] == list(range(10)) and 3 < rank["gap"].mean < 5

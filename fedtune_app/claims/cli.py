@@ -54,8 +54,12 @@ def list_settings(tier: str) -> list[dict]:
     the tier's calibration target where it has one."""
     from fedtune_app.claims.planning import load_records
     from fedtune_app.claims.verdicts import GAP_TARGET, setting_gap
+    from fedtune_app.claims.verdicts_v3 import setting_gate
 
     records = load_records(tier)
+    confirmatory = reg.CONFIRMATORY_SEEDS.get(tier)
+    if confirmatory:
+        confirmatory_records = load_records(tier, seeds=confirmatory, widened=True)
     out = []
     for st in reg.SETTINGS.values():
         if tier not in st.tiers:
@@ -64,7 +68,16 @@ def list_settings(tier: str) -> list[dict]:
         status = "not run yet" if gap is None else (
             "discriminative" if gap.mean >= GAP_TARGET else
             f"NOT discriminative by the {GAP_TARGET:g}-point target")
-        out.append({"id": st.id, "gap": gap, "seeds": seeds, "status": status})
+        out.append({"id": st.id, "gap": gap, "seeds": seeds, "status": status,
+                    "which": "exploratory" if confirmatory else ""})
+        if confirmatory:  # rule v3's gate: the lower 95% end above the planned detectable
+            gate = setting_gate(st.id, tier, confirmatory_records, confirmatory)
+            out.append({"id": st.id, "gap": gate.gap, "seeds": gate.seeds, "which":
+                        "confirmatory", "status": "not run yet" if gate.gap is None else (
+                            f"{len(gate.seeds)} of {len(confirmatory)} seeds in"
+                            if gate.passes is None else
+                            f"{'passes' if gate.passes else 'FAILS'} rule v3's gate (lower end "
+                            f"above {reg.PLANNED_DETECTABLE[tier]:g})")})
     return out
 
 
@@ -127,11 +140,12 @@ def main(argv=None) -> int:
                   f"{c['sentence']}")
         if args.tier:
             print(f"\nsettings of tier {args.tier}: AllLarge - AllSmall on the test set (points, "
-                  "paired 95% interval over the seeds both arms have)")
+                  "paired 95% interval over the seeds both arms have; confirmatory: with the "
+                  "test set's error, rule v3)")
             for st in list_settings(args.tier):
                 gap = "-" if st["gap"] is None else \
                     f"{ci_text(st['gap'])} over {len(st['seeds'])} seeds"
-                print(f"{st['id']:38s} {gap:32s} {st['status']}")
+                print(f"{st['id']:38s} {st['which']:12s} {gap:32s} {st['status']}")
         return 0
     if args.command == "report":
         print(write_report(tuple(args.tier) if args.tier else TIERS))
