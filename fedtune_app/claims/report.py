@@ -368,12 +368,24 @@ def confirmatory_headline(tier: str, store: Path, out: Path, v3_rows: list[dict]
             + f"; {family_status(tier, v3_rows)}.", ""]
 
 
+def confirmatory_progress(tier: str, store: Path) -> tuple[list, list] | None:
+    """Rule v3's campaign: its planned runs (the claims whose arms have their rates) and those
+    without a record yet; None while no arm is tuned."""
+    try:
+        plan = plan_runs([], tier, store=store, confirmatory=True)
+    except SystemExit:
+        return None
+    done = records_by_hash(store / "runs" / tier)
+    return plan, [s for s in plan if s.hash not in done]
+
+
 def confirmatory_seeds_in(tier: str, store: Path) -> int:
     """How many of the tier's confirmatory seeds have every run of rule v3's campaign."""
-    specs = plan_runs([], tier, store=store, confirmatory=True)
-    done = records_by_hash(store / "runs" / tier)
-    return sum(all(s.hash in done for s in specs if s.seed == seed)
-               for seed in reg.CONFIRMATORY_SEEDS[tier])
+    progress = confirmatory_progress(tier, store)
+    if progress is None:
+        return 0
+    todo_seeds = {s.seed for s in progress[1]}
+    return sum(seed not in todo_seeds for seed in reg.CONFIRMATORY_SEEDS[tier])
 
 
 def confirmatory_line(tier: str, store: Path, claims_in: int = 0) -> str:
@@ -382,10 +394,7 @@ def confirmatory_line(tier: str, store: Path, claims_in: int = 0) -> str:
     if tier not in reg.CONFIRMATORY_SEEDS:
         return ""
     seeds = reg.CONFIRMATORY_SEEDS[tier]
-    try:
-        done = confirmatory_seeds_in(tier, store)
-    except SystemExit:  # an arm not tuned yet: its confirmatory runs cannot exist
-        done = 0
+    done = confirmatory_seeds_in(tier, store)
     return (f"**Confirmatory: {done} of {len(seeds)} seeds complete** (every run of the "
             f"campaign in on that seed; rule v3 of {reg.RULE_V3_DATE} judges seeds "
             f"{seeds[0]}-{seeds[-1]}; "
@@ -683,14 +692,10 @@ def tier_cost(tier: str, records: dict, store: Path = STORE) -> list[str]:
 def confirmatory_cost(tier: str, store: Path) -> str:
     """Where rule v3's campaign stands in runs and core-hours (its claims whose arms have their
     rates; the others join it once tuned)."""
-    if tier not in reg.CONFIRMATORY_SEEDS:
+    progress = confirmatory_progress(tier, store) if tier in reg.CONFIRMATORY_SEEDS else None
+    if progress is None:
         return ""
-    try:
-        plan = plan_runs([], tier, store=store, confirmatory=True)
-    except SystemExit:  # no arm tuned yet
-        return ""
-    done = records_by_hash(store / "runs" / tier)
-    todo = [s for s in plan if s.hash not in done]
+    plan, todo = progress
     known, unknown = cost_to_do(todo, store)
     seeds = reg.CONFIRMATORY_SEEDS[tier]
     return (f" The confirmatory campaign (seeds {seeds[0]}-{seeds[-1]}, the claims whose arms "
