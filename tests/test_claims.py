@@ -1242,6 +1242,20 @@ def test_claims_list_gives_each_setting_its_gate_on_the_committed_runs():
     assert rank["seeds"] == list(range(10)) and 3 < rank["gap"].mean < 5
     assert rank["status"] == "NOT discriminative by the 15-point target"
     assert settings["fedra-uneven"]["status"] == "discriminative"
+    # and the validation split's gap over the tuning seeds, where the pooled setting was
+    # calibrated to 15-25 points: AllLarge at 0.1 (77.95) - AllSmall at 0.03 (55.57), the
+    # means the committed tuning/mini-rates.json holds
+    validation = next(st for st in listed if st["id"] == "heterotune-pooled"
+                      and st["which"] == "validation")
+    rates = json.loads((run_store.STORE / "tuning" / "mini-rates.json").read_text())["rates"]
+    large, small = rates["heterotune-pooled all-large"], rates["heterotune-pooled all-small"]
+    assert (large["lr"], small["lr"]) == (0.1, 0.03)
+    assert validation["value"] == pytest.approx(large["validation-means"]["0.1"]
+                                                - small["validation-means"]["0.03"], abs=1e-9)
+    assert 15 < validation["value"] < 25 and "(0.1, 0.03)" in validation["status"]
+    dirichlet = [st for st in listed if st["id"] == "heterotune-pooled-dirichlet"]
+    assert {st["which"]: st["status"] for st in dirichlet}["exploratory"] == \
+        "none: its claims run on the confirmatory seeds only"
 
 
 # ---------------------------------------------------------------- rule v3's declarations

@@ -31,9 +31,10 @@ import sys
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims.claim_text import ci_text
 from fedtune_app.claims.execution import print_dry_run, run_claims, tune_claims
-from fedtune_app.claims.planning import parse_data_dirs, plan_runs, plan_tuning
+from fedtune_app.claims.planning import parse_data_dirs, plan_runs, plan_tuning, tuned_rates
 from fedtune_app.claims.registry import (
     claim_seeds,
+    claim_settings,
     tiers_of,
 )
 from fedtune_app.claims.report import write_report
@@ -60,12 +61,22 @@ def list_settings(tier: str) -> list[dict]:
     confirmatory = reg.CONFIRMATORY_SEEDS.get(tier)
     if confirmatory:
         confirmatory_records = load_records(tier, seeds=confirmatory, widened=True)
+    tuned = tier in reg.LR_GRID
+    if tuned:
+        rates = tuned_rates(tier, widened=True, pairs=[
+            (st.id, arm) for st in reg.SETTINGS.values() if tier in st.tiers
+            for arm in (st.reference, st.small)])
     out = []
     for st in reg.SETTINGS.values():
         if tier not in st.tiers:
             continue
+        if tuned:  # the calibration the claims' rates came from, before any claim run
+            out.append(validation_gap(st, rates))
         gap, seeds = setting_gap(st.id, records)
-        status = "not run yet" if gap is None else (
+        later = all(c.id in reg.AFTER_EXPLORATORY for c in reg.CLAIMS.values()
+                    if st.id in claim_settings(c))
+        status = ("none: its claims run on the confirmatory seeds only" if confirmatory and later
+                  else "not run yet") if gap is None else (
             "discriminative" if gap.mean >= GAP_TARGET else
             f"NOT discriminative by the {GAP_TARGET:g}-point target")
         out.append({"id": st.id, "gap": gap, "seeds": seeds, "status": status,
@@ -79,6 +90,19 @@ def list_settings(tier: str) -> list[dict]:
                             f"{'passes' if gate.passes else 'FAILS'} rule v3's gate (lower end "
                             f"above {reg.PLANNED_DETECTABLE[tier]:g})")})
     return out
+
+
+def validation_gap(setting, rates: dict) -> dict:
+    """A setting's AllLarge - AllSmall on the validation split: each arm's mean over the tuning
+    seeds at its chosen (widened) rate, the numbers the setting was calibrated on."""
+    large, small = rates[setting.id, setting.reference], rates[setting.id, setting.small]
+    row = {"id": setting.id, "which": "validation", "gap": None, "seeds": [],
+           "status": "not tuned yet"}
+    if large.lr is not None and small.lr is not None:
+        row["value"] = large.means[large.lr] - small.means[small.lr]
+        row["status"] = (f"tuning seeds {', '.join(map(str, reg.TUNING_SEEDS))}, each arm at "
+                         f"its chosen rate ({large.lr:g}, {small.lr:g})")
+    return row
 
 
 def positive_int(text: str) -> int:
@@ -141,10 +165,13 @@ def main(argv=None) -> int:
         if args.tier:
             print(f"\nsettings of tier {args.tier}: AllLarge - AllSmall on the test set (points, "
                   "paired 95% interval over the seeds both arms have; confirmatory: with the "
-                  "test set's error, rule v3)")
+                  "test set's error, rule v3); validation: on the validation split over the "
+                  "tuning seeds, where a tier tunes its rates")
             for st in list_settings(args.tier):
                 gap = "-" if st["gap"] is None else \
                     f"{ci_text(st['gap'])} over {len(st['seeds'])} seeds"
+                if "value" in st:
+                    gap = f"{st['value']:.2f} (validation split)"
                 print(f"{st['id']:38s} {st['which']:12s} {gap:32s} {st['status']}")
         return 0
     if args.command == "report":
