@@ -1380,6 +1380,11 @@ def test_mechanism_and_comparator_arms_hash_apart_from_the_old_records():
     assert "client-trains" not in run_key(run_config("mini", "heterotune-pooled", "fedmd", 0))
     assert run_key(run_config("mini", "heterotune-pooled", "feddf", 0))[
         "feddf-distillation"] == "epochs"
+    # whole-model FedMD digests at its parties' own rate (FedMD's code: one Adam rate for the
+    # digest and the revisit), so its chosen rate sets both; the adapter arm digests at 0.01
+    assert {k: run_config("mini", "heterotune-pooled", "fedmd-whole", 0, 0.3)[k]
+            for k in ("lr", "distill-lr")} == {"lr": 0.3, "distill-lr": 0.3}
+    assert run_config("mini", "heterotune-pooled", "fedmd", 0, 0.3).get("distill-lr") is None
     # the pooled Table 1 claims run the strengthened arms; the decomposition adds up
     assert ("heterotune-pooled", "fedmd-whole") in claim_arms(
         CLAIMS["heterotune-pooled-t1-vs-fedmd"])

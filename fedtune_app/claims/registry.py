@@ -199,9 +199,11 @@ ARMS = {a.label: a for a in [
                                      for tier in ("cpu", "mini")}),
     Arm("flexifed", "flexifed"), Arm("pfedlora", "pfedlora"),
     # the comparators at their own papers' strength (the pooled Table 1 claims): FedMD training
-    # whole models (client-trains = heterotune -> full), FedDF's paper distillation with early
-    # stopping on 10% of the public set, pFedLoRA with HeteroTune's one pass a round
-    Arm("fedmd-whole", "fedmd"), Arm("feddf-paper", "feddf"),
+    # whole models (client-trains = heterotune -> full) and digesting at its parties' own rate
+    # (FedMD's code compiles the digest and the revisit with one Adam rate, 1e-3), FedDF's paper
+    # distillation with early stopping on 10% of the public set, pFedLoRA with HeteroTune's one
+    # pass a round
+    Arm("fedmd-whole", "fedmd", rate_keys=("lr", "distill-lr")), Arm("feddf-paper", "feddf"),
     Arm("pfedlora-shared", "pfedlora", {"pfedlora-passes": "shared"}),
     # the mechanism apart: HeteroTune's adapters per model group with no cross-model sharing
     # (adapter-Homo), and the paper's Table 4 ablations
@@ -580,7 +582,9 @@ READINGS = {
     "fedmd-whole": (" training whole models as its paper", " FedMD as its own paper: every "
                     "party trains its whole model (FedMD's code fits every layer in the digest "
                     "and the revisit), digest distill-epochs 1 (its code's "
-                    "N_logits_matching_round) at distill-lr; the arm fedmd trains adapters."),
+                    "N_logits_matching_round) at the parties' own rate, chosen on validation "
+                    "with it (its code compiles digest and revisit with one Adam rate, 1e-3); "
+                    "the arm fedmd trains adapters and digests at distill-lr 0.01."),
     "feddf-paper": (" with its paper's server distillation", " FedDF's server distillation as "
                     "its paper: Adam lr 1e-3, cosine annealing, up to 10^4 steps a round and "
                     "group, validation every 100 steps, early stopping after 10^3 without a "

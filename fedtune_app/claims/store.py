@@ -87,7 +87,7 @@ def run_config(tier: str, setting_id: str, arm_label: str, seed: int,
     if engine != "sequential":  # the default: a sequential run's key omits it
         keys["client-engine"] = engine
     if lr is not None:
-        keys["lr"] = lr
+        keys |= dict.fromkeys(arm.rate_keys, lr)
     plain_list = keys.get("capacity-profile", "list") == "list" and not keys.get("model-groups")
     if plain_list and arm.method in ("all-large", "all-small"):
         caps = parse_int_list("capacities", str(keys.get("capacities", KEYS["capacities"].default)))
