@@ -1486,6 +1486,14 @@ def test_rule_v3_gives_no_verdict_in_a_setting_that_fails_the_gate(v3_tier):
                                    "detectable 3 points in t-hand")
     # the family is complete: the Holm p stays beside the missing verdict
     assert rows["t-a"]["verdict"].p_holm == pytest.approx(2 * (1 - math.sqrt(243 / 245)))
+    # the report's gate table says so once for the setting: 2 +- t(0.975, 2) / sqrt(3) = 2.48
+    # (tier 't' tunes no rates: no validation gap)
+    from fedtune_app.claims.report import gate_table
+
+    table = gate_table("t", run_store.STORE, list(rows.values()))
+    assert "| `t-hand` | - | 2.00 ± 2.48 | 3 of 3 | **fails**: no verdict in it |" in table
+    assert "| `t-hand` | - | 12.00 ± 2.48 | 3 of 3 | **passes** |" in gate_table(
+        "t", run_store.STORE, list(_v3(v3_tier).values()))
 
 
 def test_rule_v3_reads_unstable_when_the_difference_drifts_towards_the_null(v3_tier):

@@ -31,7 +31,12 @@ import sys
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims.claim_text import ci_text
 from fedtune_app.claims.execution import print_dry_run, run_claims, tune_claims
-from fedtune_app.claims.planning import parse_data_dirs, plan_runs, plan_tuning, tuned_rates
+from fedtune_app.claims.planning import (
+    parse_data_dirs,
+    plan_runs,
+    plan_tuning,
+    validation_gaps,
+)
 from fedtune_app.claims.registry import (
     claim_seeds,
     claim_settings,
@@ -61,17 +66,17 @@ def list_settings(tier: str) -> list[dict]:
     confirmatory = reg.CONFIRMATORY_SEEDS.get(tier)
     if confirmatory:
         confirmatory_records = load_records(tier, seeds=confirmatory, widened=True)
-    tuned = tier in reg.LR_GRID
-    if tuned:
-        rates = tuned_rates(tier, widened=True, pairs=[
-            (st.id, arm) for st in reg.SETTINGS.values() if tier in st.tiers
-            for arm in (st.reference, st.small)])
+    validation = validation_gaps(tier) if tier in reg.LR_GRID else {}
     out = []
     for st in reg.SETTINGS.values():
         if tier not in st.tiers:
             continue
-        if tuned:  # the calibration the claims' rates came from, before any claim run
-            out.append(validation_gap(st, rates))
+        if st.id in validation:  # the calibration the claims' rates came from
+            value, large, small = validation[st.id]
+            out.append({"id": st.id, "which": "validation", "gap": None, "seeds": [],
+                        "value": value, "status": "not tuned yet" if value is None else
+                        f"tuning seeds {', '.join(map(str, reg.TUNING_SEEDS))}, each arm at "
+                        f"its chosen rate ({large:g}, {small:g})"})
         gap, seeds = setting_gap(st.id, records)
         later = all(c.id in reg.AFTER_EXPLORATORY for c in reg.CLAIMS.values()
                     if st.id in claim_settings(c))
@@ -90,19 +95,6 @@ def list_settings(tier: str) -> list[dict]:
                             f"{'passes' if gate.passes else 'FAILS'} rule v3's gate (lower end "
                             f"above {reg.PLANNED_DETECTABLE[tier]:g})")})
     return out
-
-
-def validation_gap(setting, rates: dict) -> dict:
-    """A setting's AllLarge - AllSmall on the validation split: each arm's mean over the tuning
-    seeds at its chosen (widened) rate, the numbers the setting was calibrated on."""
-    large, small = rates[setting.id, setting.reference], rates[setting.id, setting.small]
-    row = {"id": setting.id, "which": "validation", "gap": None, "seeds": [],
-           "status": "not tuned yet"}
-    if large.lr is not None and small.lr is not None:
-        row["value"] = large.means[large.lr] - small.means[small.lr]
-        row["status"] = (f"tuning seeds {', '.join(map(str, reg.TUNING_SEEDS))}, each arm at "
-                         f"its chosen rate ({large.lr:g}, {small.lr:g})")
-    return row
 
 
 def positive_int(text: str) -> int:
@@ -170,7 +162,7 @@ def main(argv=None) -> int:
             for st in list_settings(args.tier):
                 gap = "-" if st["gap"] is None else \
                     f"{ci_text(st['gap'])} over {len(st['seeds'])} seeds"
-                if "value" in st:
+                if st.get("value") is not None:
                     gap = f"{st['value']:.2f} (validation split)"
                 print(f"{st['id']:38s} {st['which']:12s} {gap:32s} {st['status']}")
         return 0

@@ -290,6 +290,22 @@ def _choice(runs_at, grid: tuple, ladder: tuple) -> RateChoice:
         grid = tuple(sorted((*grid, wider)))
 
 
+def validation_gaps(tier: str, store: Path = STORE) -> dict:
+    """Setting -> (AllLarge - AllSmall on the validation split or None before both are tuned,
+    AllLarge's rate, AllSmall's rate): each arm's mean over the tuning seeds at its chosen
+    (widened) rate, the numbers a setting was calibrated on before any claim run."""
+    settings = [st for st in reg.SETTINGS.values() if tier in st.tiers]
+    rates = tuned_rates(tier, store, widened=True, pairs=[
+        (st.id, arm) for st in settings for arm in (st.reference, st.small)])
+    gaps = {}
+    for st in settings:
+        large, small = rates[st.id, st.reference], rates[st.id, st.small]
+        both = large.lr is not None and small.lr is not None
+        gaps[st.id] = (large.means[large.lr] - small.means[small.lr] if both else None,
+                       large.lr, small.lr)
+    return gaps
+
+
 def _widening(lr: float, grid: tuple, ladder: tuple):
     """(why a choice at the grid's edge stays there, or None; the rung to run next, or None)."""
     if not ladder or grid[0] < lr < grid[-1]:

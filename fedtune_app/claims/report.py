@@ -28,6 +28,7 @@ from fedtune_app.claims.planning import (
     tier_pairs,
     tiers_of,
     tuned_rates,
+    validation_gaps,
 )
 from fedtune_app.claims.plots import forest_plot, plot_setting
 from fedtune_app.claims.registry import (
@@ -443,7 +444,32 @@ def rule_v3_section(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
             for st in SETTINGS.values() if tier in st.tiers) + ".",
         "", f"The campaign: `fedtune claims run --tier {tier} --dry-run` lists its runs and "
         "core-hours (after `fedtune claims tune`, whose rates it runs at).", ""]
-    return lines + confirmatory_table(tier, v3_rows)
+    return lines + gate_table(tier, store, v3_rows) + confirmatory_table(tier, v3_rows)
+
+
+def gate_table(tier: str, store: Path, v3_rows: list[dict]) -> list[str]:
+    """Each setting of the confirmatory claims with rule v3's gate on its confirmatory seeds,
+    beside the gap it was calibrated to on validation (the tuning seeds)."""
+    gates = {}
+    for row in v3_rows:
+        gates |= row.get("gaps", {})
+    validation = validation_gaps(tier, store) if tier in reg.LR_GRID else {}
+    need = len(reg.CONFIRMATORY_SEEDS[tier])
+    lines = [f"Rule v3's gate, setting by setting: AllLarge - AllSmall (a rank setting: FedIT "
+             f"at its highest rank - its lowest) on the validation split (the tuning seeds, "
+             f"each arm at its chosen rate: what the setting was calibrated on) and on the "
+             f"confirmatory seeds (95%, seeds and test set); a setting passes "
+             f"when all {need} seeds are in and the lower end is above "
+             f"{reg.PLANNED_DETECTABLE[tier]:g}.", "",
+             "| setting | validation | confirmatory | seeds | gate |", "|---|---|---|---|---|"]
+    for setting in (st for st in SETTINGS if st in gates):
+        gap, passes, seeds = gates[setting]
+        value = validation.get(setting, (None,))[0]
+        lines.append(f"| `{setting}` | {'-' if value is None else f'{value:.2f}'} | "
+                     f"{'-' if gap is None else ci_text(gap)} | {len(seeds)} of {need} | "
+                     + ("waiting for seeds" if passes is None else
+                        "**passes**" if passes else "**fails**: no verdict in it") + " |")
+    return lines + [""]
 
 
 def check_seeds_text(check, tier: str) -> str:
