@@ -26,7 +26,7 @@ class Arm:
     keys: dict = field(default_factory=dict)
     tier_keys: dict = field(default_factory=dict)  # tier -> keys only that tier sets
     # the run-config keys the arm's chosen rate (tuned, or the papers' 0.01) sets: more than
-    # 'lr' where the method's own paper trains a second phase at the clients' rate
+    # 'lr' where the method's own paper or code trains a second phase at the clients' rate
     rate_keys: tuple = ("lr",)
 
 
