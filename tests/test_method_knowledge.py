@@ -18,7 +18,7 @@ ALLOWED = {
     **{("claims/registry.py", m): "the papers' claims name the methods they compare"
        for m in METHODS},
     **{("claims/registry.py", k): "a claim's arm sets a method's key"
-       for k in ("all-small-layers", "depthfl-headline", "feddf-distillation",
+       for k in ("all-small-layers", "depthfl-headline", "distill-lr", "feddf-distillation",
                  "flexifed-aggregation", "heterotune-learnable-weights", "heterotune-reg",
                  "heterotune-sharing", "pfedlora-passes")},
     ("claims/store.py", "all-large"): "the claims' shared AllLarge run (its canonical depth)",
