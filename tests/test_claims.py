@@ -642,6 +642,11 @@ def test_tiny_claim_end_to_end_and_cache(tmp_path, monkeypatch, smoke_claim):
     assert len(list((store / "runs" / "smoke").glob("*.json"))) == 6
     assert all(r["rejected-replies"] == 0 and r["rounds"] == 2 for r in records)
     assert all(r["cpu-seconds"] > 0 for r in records)  # one core's cost, beside the wall time
+    # the machine whose rounding the record carries: torch's kernels and version of this process
+    import torch
+
+    assert {(r["machine"]["kernels"], r["machine"]["torch"]) for r in records} == {
+        (torch.backends.cpu.get_cpu_capability(), torch.__version__)}
 
     executed.clear()  # unchanged keys: every run is found by its hash and reused
     again = execution.run_claims([smoke_claim.id], "smoke", None, store, results,

@@ -83,6 +83,30 @@ def write_rates(tier: str, store: Path = STORE) -> None:
             for (s, a), c in widened.items()}})
 
 
+def machine() -> dict:
+    """What a record's float rounding depends on beyond its key and code: the CPU (its family
+    and model tell apart processors one model name covers), the vector instructions torch's and
+    MKL's kernels dispatch to, and the numeric libraries' versions. Two runs of one key match
+    bit for bit on one machine and drift apart by float rounding across these."""
+    import platform
+
+    import numpy
+    import torch
+
+    info = {}
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            info.setdefault(name.strip(), value.strip())
+            if not line.strip():  # the first processor's block is enough
+                break
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in info:
+        cpu += f" (family {info['cpu family']}, model {info.get('model')})"
+    return {"cpu": cpu, "kernels": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "numpy": numpy.__version__}
+
+
 def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
                   fingerprint: str | None = None, cpu_seconds: float | None = None) -> dict:
     """The small record of a finished run: its curve, final metrics, rejected replies, which test
@@ -115,7 +139,8 @@ def summarize_run(spec: RunSpec, folder: Path, seconds: float, commit: str,
               "client-engines": {engine: sum(m.get("client-engines", {}).get(engine, 0)
                                              for m in metrics)
                                  for engine in ("sequential", "batched")},
-              "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "machine": machine()}
     window = correct[-cs.LAST_EVALUATIONS:]
     if window and all(window):  # the primary metric's evaluations, example by example
         record["test-correct"] = [_by_group(c) for c in window]
