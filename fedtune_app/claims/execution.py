@@ -85,9 +85,9 @@ def write_rates(tier: str, store: Path = STORE) -> None:
 
 def machine() -> dict:
     """What a record's float rounding depends on beyond its key and code: the CPU (its family
-    and model tell apart processors one model name covers), the vector instructions torch's and
-    MKL's kernels dispatch to, and the numeric libraries' versions. Two runs of one key match
-    bit for bit on one machine and drift apart by float rounding across these."""
+    and model tell apart processors one model name covers), the vector instructions torch's
+    kernels dispatch to, and the numeric libraries' versions. Two runs of one key matched bit
+    for bit on one machine; across machines they can drift apart by float rounding."""
     import platform
 
     import numpy
