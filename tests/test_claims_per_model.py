@@ -17,8 +17,8 @@ import pytest
 from fedtune_app.apps.evaluation import pack_correct
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims import stats as cs
-from fedtune_app.claims.entries import Setting
-from fedtune_app.claims.per_model import group_labels, group_points, per_model_section
+from fedtune_app.claims.entries import Claim, Setting
+from fedtune_app.claims.per_model import group_labels, group_points, per_model_section, planned_arms
 
 
 def test_two_seed_interval_is_the_cauchy_quantile():
@@ -81,6 +81,7 @@ def test_per_model_table_by_hand(two_groups):
     # gap AllLarge - AllSmall: 80 - 40 and 90 - 50, 40 on both seeds
     assert "AllLarge - AllSmall (40.00 points over 2 seeds) beside the paper's over its own " \
            "(80.76 - 62.25 = 18.51)." in lines[2]
+    assert "then the arms that take the mechanism apart" in lines[2]
     assert lines[4] == ("| arm | seeds | 12x8 | 24x48 | Avg | paper: smallest / largest / Avg | "
                         "rank here / in paper | vs Homo (points) | vs Homo / gap (paper) |")
     rows = lines[6:-1]
@@ -141,3 +142,18 @@ def test_the_papers_table_1_rows_are_in_its_ranking_and_the_pooled_claims_arms()
         claim = reg.CLAIMS[f"heterotune-pooled-t1-vs-{base}"]
         assert claim.terms[1][2] == arm
         assert claim.paper_difference == round(72.15 - rows[base][3], 2)
+
+
+def test_a_setting_shows_only_the_arms_its_claims_run(two_groups, monkeypatch):
+    """The partition check's setting runs HeteroTune and Homo (and the gate's AllLarge and
+    AllSmall): its table has those four rows, in the paper's ranking, and no row of an arm that
+    no claim runs there."""
+    monkeypatch.setitem(reg.CLAIMS, "t-pm-vs-homo", Claim(
+        "t-pm-vs-homo", "HeteroTune", "Table 1", "hand-made",
+        ((1.0, "t-pm", "heterotune"), (-1.0, "t-pm", "homo")), "greater", 0.0, "", 6.01))
+    assert planned_arms("t-pm") == {"all-large", "all-small", "heterotune", "homo"}
+    lines = per_model_section("t", two_groups, seeds=(0, 1), setting="t-pm",
+                              arms=planned_arms("t-pm"))
+    assert [row.split("`")[1] for row in lines[6:-1]] == ["all-large", "heterotune", "homo",
+                                                          "all-small"]
+    assert "the arms that take the mechanism apart" not in lines[2]

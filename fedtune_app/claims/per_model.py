@@ -13,6 +13,7 @@ from fedtune_app.claims.store import MAX_SEEDS, primary_points, run_config
 from fedtune_app.claims.verdicts import gap_terms, paired_differences, seeds_with
 
 POOLED = "heterotune-pooled"
+TABLE1_SETTINGS = (POOLED, "heterotune-pooled-dirichlet")  # Table 1's design, its partition check
 PAPER_SIZES = ("ViT-T", "ViT-S", "ViT-B", "ViT-L")  # the paper's models, smallest first
 # the arms that take HeteroTune's mechanism apart (no Table 1 row): adapter-Homo, Table 4's
 MECHANISM = {"heterotune-within-group": ("adapter-Homo", None)} | {
@@ -50,12 +51,19 @@ def group_points(record: dict) -> dict[int, float]:
             for g in evaluations[0]}
 
 
+def planned_arms(setting: str) -> set[str]:
+    """The arms some registered claim runs in ``setting`` (its gate's included)."""
+    return {arm for claim in reg.CLAIMS.values() for s, arm in reg.claim_arms(claim)
+            if s == setting}
+
+
 def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
-                      setting: str = POOLED) -> list[str]:
+                      setting: str = POOLED, arms: set[str] | None = None) -> list[str]:
     """The per-model table of ``setting`` on ``seeds`` (``records``: ``load_records``'s, e.g.
-    the confirmatory seeds' at their widened rates): one row per arm, the paper's Table 1 rows
-    first in the paper's ranking (each comparator as the claims run it), then the mechanism's
-    arms; an arm without a record on those seeds reads "no records yet"."""
+    the confirmatory seeds' at their widened rates): one row per arm (of ``arms`` where given),
+    the paper's Table 1 rows first in the paper's ranking (each comparator as the claims run
+    it), then the mechanism's arms; an arm without a record on those seeds reads "no records
+    yet"."""
     st = reg.SETTINGS[setting]
     if tier not in st.tiers:
         return []
@@ -67,7 +75,7 @@ def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
     paper_homo = table1[reg.HETERO_REFERENCE][3]
     paper_gap = st.paper_large - st.paper_small
     runs = {arm: [records[setting, arm, s] for s in seeds if (setting, arm, s) in records]
-            for arm in [*table1, *MECHANISM]}
+            for arm in [*table1, *MECHANISM] if arms is None or arm in arms}
     avg = {arm: cs.t_interval([primary_points(r) for r in rs]) for arm, rs in runs.items() if rs}
     ranked = sorted((a for a in table1 if a in avg), key=lambda a: -avg[a].mean)
     gap_seeds = seeds_with(gap_terms(setting), records, seeds)
@@ -82,8 +90,10 @@ def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
              "its one size. Beside it the paper's Table 1 CIFAR-10 row: smallest (ViT-T), largest "
              "(ViT-L) and Avg; the paper prints no ViT-S or ViT-B column, and for AllLarge and "
              "AllSmall only Avg. Rows in the paper's ranking by Avg, each comparator as the claims "
-             "run it, then the arms that take the mechanism apart (Table 4's ablations beside Table"
-             " 4's Avg). Rank: by Avg among the Table 1 arms with records, here / in the paper. vs "
+             "run it"
+             + (", then the arms that take the mechanism apart (Table 4's ablations beside Table"
+                " 4's Avg)" if MECHANISM.keys() & runs.keys() else "")
+             + ". Rank: by Avg among the Table 1 arms with records, here / in the paper. vs "
              "Homo: the paired difference in Avg (95%, seeds alone), then it over the setting's "
              "AllLarge - AllSmall ("
              + (f"{gap:.2f} points over {len(gap_seeds)} seeds" if gap is not None

@@ -21,7 +21,7 @@ from fedtune_app.claims.claim_text import (
     robustness_word,
     verdict_rows,
 )
-from fedtune_app.claims.per_model import per_model_section
+from fedtune_app.claims.per_model import TABLE1_SETTINGS, per_model_section, planned_arms
 from fedtune_app.claims.planning import (
     load_records,
     plan_runs,
@@ -585,14 +585,17 @@ def rates_table(tier: str, widened: dict, exploratory: dict, store: Path) -> lis
 
 
 def mechanism_sections(tier: str, store: Path, records: dict) -> list[str]:
-    """The decompositions and the per-model table, on the confirmatory seeds at their widened
-    rates where the tier has them (the claims they serve run there), else on ``records``."""
-    if tier not in reg.CONFIRMATORY_SEEDS:
-        return decomposition_section(tier, records) + per_model_section(tier, records)
-    seeds = reg.CONFIRMATORY_SEEDS[tier]
-    confirmatory = load_records(tier, store, seeds=seeds, widened=True)
-    return (decomposition_section(tier, confirmatory, seeds, "confirmatory")
-            + per_model_section(tier, confirmatory, seeds))
+    """The decompositions and the per-model tables of Table 1's settings, on the confirmatory
+    seeds at their widened rates where the tier has them (the claims they serve run there), else
+    on ``records``."""
+    if tier in reg.CONFIRMATORY_SEEDS:
+        seeds = reg.CONFIRMATORY_SEEDS[tier]
+        records, which = load_records(tier, store, seeds=seeds, widened=True), "confirmatory"
+    else:
+        seeds, which = range(MAX_SEEDS), ""
+    return decomposition_section(tier, records, seeds, which) + [
+        line for setting in TABLE1_SETTINGS
+        for line in per_model_section(tier, records, seeds, setting, planned_arms(setting))]
 
 
 def tier_section(tier: str, store: Path, out: Path, records: dict, rows: list[dict],
