@@ -9,6 +9,7 @@ import numpy as np
 from fedtune_app.claims import registry as reg
 from fedtune_app.claims import stats as cs
 from fedtune_app.claims.claim_text import ci_text
+from fedtune_app.claims.planning import tier_pairs
 from fedtune_app.claims.store import MAX_SEEDS, primary_points, run_config
 from fedtune_app.claims.verdicts import gap_terms, paired_differences, seeds_with
 
@@ -53,8 +54,7 @@ def group_points(record: dict) -> dict[int, float]:
 
 def planned_arms(setting: str) -> set[str]:
     """The arms some registered claim runs in ``setting`` (its gate's included)."""
-    return {arm for claim in reg.CLAIMS.values() for s, arm in reg.claim_arms(claim)
-            if s == setting}
+    return {arm for s, arm in tier_pairs(reg.CLAIMS.values()) if s == setting}
 
 
 def per_model_section(tier: str, records: dict, seeds=range(MAX_SEEDS),
